@@ -1,0 +1,254 @@
+"""The one typed configuration tree, loaded from ``gpupool.yaml``.
+
+Every field has a default and a description; named choices are enums; unknown keys are errors
+(a typo must not be silently ignored). Each subsystem receives only its own part.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class LogFormat(StrEnum):
+    text = "text"
+    json = "json"
+
+
+class ServerConfig(_Strict):
+    host: str = Field("127.0.0.1", description="Address the gateway binds.")
+    port: int = Field(8000, ge=0, le=65535, description="Port the gateway binds (0: any free).")
+    expose_worker_header: bool = Field(
+        False, description="Add `x-gpupool-worker: <name>` to every proxied response."
+    )
+    log_format: LogFormat = Field(LogFormat.text, description="`text` or `json` log lines.")
+    log_prompts: bool = Field(False, description="Log request bodies (prompts). Off by default.")
+    access_log: bool = Field(False, description="uvicorn access log (costs latency).")
+    max_body_bytes: int = Field(
+        32 * 1024 * 1024, gt=0, description="Largest request body accepted; beyond it: 413."
+    )
+    max_json_depth: int = Field(64, gt=0, description="Deepest JSON nesting accepted; 400 beyond.")
+    upstream_connect_timeout_s: float = Field(
+        5.0, gt=0, description="Time to open a connection to a worker."
+    )
+    upstream_read_timeout_s: float = Field(
+        600.0, gt=0, description="Longest silence from a worker inside one request."
+    )
+    state_dir: str = Field(
+        ".gpupool", description="Directory for worker logs, caches, pid files and SD files."
+    )
+    shutdown_grace_s: float = Field(
+        30.0, ge=0, description="On SIGTERM, how long in-flight requests may take to finish."
+    )
+
+
+class ReasoningParser(StrEnum):
+    none = "none"
+    qwen3 = "qwen3"
+    deepseek_r1 = "deepseek_r1"
+
+
+class ReasoningField(StrEnum):
+    reasoning = "reasoning"
+    reasoning_content = "reasoning_content"
+    both = "both"
+
+
+class RemoteMediaPolicy(StrEnum):
+    deny = "deny"
+    allow = "allow"
+    allowlist = "allowlist"
+
+
+class MediaLimits(_Strict):
+    image: int | None = Field(None, ge=0, description="Images per prompt (None: unlimited).")
+    video: int | None = Field(None, ge=0, description="Videos per prompt (None: unlimited).")
+    audio: int | None = Field(None, ge=0, description="Audio clips per prompt (None: unlimited).")
+
+
+class ModelConfig(_Strict):
+    name: str = Field(..., min_length=1, description="Name clients use; served-model-name.")
+    aliases: list[str] = Field(default_factory=list, description="Other names for this model.")
+    reasoning: ReasoningParser = Field(
+        ReasoningParser.none,
+        description="Split `<think>` traces in the gateway when the worker returns raw text.",
+    )
+    reasoning_field: ReasoningField = Field(
+        ReasoningField.reasoning, description="Response field name(s) that carry the reasoning."
+    )
+    limits: MediaLimits | None = Field(
+        None, description="Media items per prompt; launched workers default to limit-mm-per-prompt."
+    )
+    max_media_bytes: int = Field(
+        20 * 1024 * 1024, gt=0, description="Largest decoded `data:` URI accepted."
+    )
+    remote_media: RemoteMediaPolicy = Field(
+        RemoteMediaPolicy.allow, description="Whether http(s) media URLs may be forwarded."
+    )
+    remote_media_domains: list[str] = Field(
+        default_factory=list, description="Domains allowed when remote_media is `allowlist`."
+    )
+
+
+class LaunchConfig(_Strict):
+    gpus: list[int] | None = Field(None, description="CUDA_VISIBLE_DEVICES; omit on CPU hosts.")
+    port: int | None = Field(None, ge=1, le=65535, description="Port; a free one if omitted.")
+    model_path: str = Field(..., min_length=1, description="Model directory or hub id.")
+    command: list[str] = Field(
+        default_factory=lambda: ["vllm", "serve", "{model_path}"],
+        description="Command; `{model_path}` and `{port}` are filled in.",
+    )
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Each becomes `--key value`; true is a bare flag; mappings become JSON.",
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment.")
+    startup_timeout_s: float = Field(900.0, gt=0, description="Longest wait for readiness.")
+    stop_timeout_s: float = Field(30.0, gt=0, description="SIGTERM → SIGKILL grace.")
+    max_restarts: int = Field(5, ge=0, description="Crashes within restart_window_s → failed.")
+    restart_window_s: float = Field(600.0, gt=0, description="Window for counting crashes.")
+    backoff_initial_s: float = Field(1.0, gt=0, description="First restart delay.")
+    backoff_max_s: float = Field(60.0, gt=0, description="Largest restart delay.")
+
+
+class WarmupItem(_Strict):
+    prompt: str | None = Field(None, description="A text prompt.")
+    images: list[list[int]] = Field(
+        default_factory=list, description="Image sizes [[w, h], ...] in one request."
+    )
+    max_tokens: int = Field(16, gt=0, description="Tokens to generate.")
+
+
+class WorkerConfig(_Strict):
+    name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9_.-]+$", description="Worker name.")
+    model: str = Field(..., min_length=1, description="A model name from `models`.")
+    url: str | None = Field(None, description="An existing vLLM server (unsupervised).")
+    launch: LaunchConfig | None = Field(None, description="A vLLM process gpupool supervises.")
+    max_inflight: int | None = Field(
+        None, gt=0, description="Gateway-side concurrency cap (default: max-num-seqs, else 64)."
+    )
+    max_model_len: int | None = Field(
+        None, gt=0, description="Override the window read from the worker's /v1/models."
+    )
+    warmup: list[WarmupItem] = Field(
+        default_factory=list, description="Requests sent after readiness, before traffic."
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _url_scheme(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return v.rstrip("/") if v else v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> WorkerConfig:
+        if (self.url is None) == (self.launch is None):
+            raise ValueError("give exactly one of `url` or `launch`")
+        return self
+
+
+class QueueBackend(StrEnum):
+    memory = "memory"
+    redis = "redis"
+
+
+class RedisFailurePolicy(StrEnum):
+    reject = "reject"
+    local = "local"
+
+
+class QueueConfig(_Strict):
+    backend: QueueBackend = Field(QueueBackend.memory, description="`memory` or `redis`.")
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis for shared admission.")
+    redis_prefix: str = Field("gpupool", description="Prefix of every Redis key.")
+    max_queued: int = Field(1000, ge=0, description="Per model; beyond it: immediate 429.")
+    max_wait_s: float = Field(60.0, gt=0, description="Per model; x-gpupool-max-wait may lower.")
+    keepalive_interval_s: float = Field(
+        5.0, gt=0, description="SSE `: queued position=N` comment interval for queued streams."
+    )
+    lease_ttl_s: float = Field(10.0, gt=0, description="Redis slot lease TTL, renewed while held.")
+    on_redis_down: RedisFailurePolicy = Field(
+        RedisFailurePolicy.local,
+        description="`local`: admit with this replica's share of capacity; `reject`: 503.",
+    )
+    replicas_hint: int = Field(
+        1, ge=1, description="Replicas sharing Redis; sizes the local share when Redis is down."
+    )
+
+
+class RoutingConfig(_Strict):
+    retries: int = Field(2, ge=0, description="Other workers tried before the first byte.")
+    prefix_affinity: bool = Field(True, description="Keep a conversation on one worker.")
+    affinity_max_load: float = Field(
+        0.75, ge=0, le=1, description="Affinity is ignored when its worker is this loaded."
+    )
+    exact_count_margin: float = Field(
+        0.9, gt=0, le=1, description="Count tokens exactly above this fraction of a window."
+    )
+    health_interval_s: float = Field(2.0, gt=0, description="Health-check period.")
+    metrics_interval_s: float = Field(1.0, gt=0, description="Worker /metrics scrape period.")
+    fail_threshold: int = Field(3, ge=1, description="Failed checks before a worker is out.")
+    default_capacity: int = Field(64, gt=0, description="Capacity when nothing else says.")
+
+
+class ApiKey(_Strict):
+    name: str = Field("", description="Label for logs and metrics.")
+    sha256: str = Field(..., min_length=64, max_length=64, description="Hex SHA-256 of the key.")
+    tenant: str | None = Field(None, description="Fairness group; defaults to the name.")
+    models: list[str] | None = Field(None, description="Allowed models (None: all).")
+    priority_min: int = Field(-1000, description="Lowest priority this key may ask for.")
+    priority_max: int = Field(1000, description="Highest priority this key may ask for.")
+    rpm: int | None = Field(None, gt=0, description="Requests per minute.")
+    tpm: int | None = Field(None, gt=0, description="Tokens per minute (prompt + completion).")
+    max_concurrent: int | None = Field(None, gt=0, description="Concurrent requests.")
+
+
+class AuthConfig(_Strict):
+    enabled: bool = Field(False, description="Require keys. Off only when explicitly false.")
+    admin_key_sha256: str | None = Field(None, description="Hex SHA-256 of the admin key.")
+    keys: list[ApiKey] = Field(default_factory=list, description="Client keys.")
+    keys_file: str | None = Field(None, description="YAML file with more `keys`.")
+    metrics_open: bool = Field(True, description="/metrics without a key.")
+
+
+class GpupoolConfig(_Strict):
+    server: ServerConfig = Field(default_factory=ServerConfig)  # type: ignore[arg-type]
+    models: list[ModelConfig] = Field(..., min_length=1, description="Models served.")
+    workers: list[WorkerConfig] = Field(..., min_length=1, description="Workers.")
+    queue: QueueConfig = Field(default_factory=QueueConfig)  # type: ignore[arg-type]
+    routing: RoutingConfig = Field(default_factory=RoutingConfig)  # type: ignore[arg-type]
+    auth: AuthConfig = Field(default_factory=AuthConfig)  # type: ignore[arg-type]
+
+    @model_validator(mode="after")
+    def _cross_check(self) -> GpupoolConfig:
+        names: set[str] = set()
+        for i, m in enumerate(self.models):
+            for n in (m.name, *m.aliases):
+                if n in names:
+                    raise ValueError(f"models[{i}]: name or alias `{n}` is used twice")
+                names.add(n)
+        model_names = {m.name for m in self.models}
+        seen: set[str] = set()
+        for i, w in enumerate(self.workers):
+            if w.name in seen:
+                raise ValueError(f"workers[{i}].name: `{w.name}` is used twice")
+            seen.add(w.name)
+            if w.model not in model_names:
+                raise ValueError(
+                    f"workers[{i}].model: `{w.model}` is not in `models` "
+                    f"(known: {', '.join(sorted(model_names))})"
+                )
+        return self
+
+    def model(self, name: str) -> ModelConfig:
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise KeyError(name)

@@ -1,0 +1,131 @@
+"""The worker registry: the one owner of worker state.
+
+Routing reads it; the remote poller and the supervisor write it; admin endpoints show it.
+Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class WorkerState(StrEnum):
+    starting = "starting"
+    warming = "warming"
+    ready = "ready"
+    draining = "draining"
+    stopped = "stopped"
+    failed = "failed"
+
+
+@dataclass(slots=True)
+class MediaCaps:
+    """Media items per prompt a worker admits; None means unlimited."""
+
+    image: int | None = None
+    video: int | None = None
+    audio: int | None = None
+
+    def admits(self, image: int, video: int, audio: int) -> bool:
+        return all(
+            limit is None or n <= limit
+            for n, limit in ((image, self.image), (video, self.video), (audio, self.audio))
+        )
+
+
+@dataclass(slots=True)
+class Worker:
+    name: str
+    model: str
+    url: str | None = None
+    state: WorkerState = WorkerState.starting
+    supervised: bool = False
+    max_model_len: int | None = None
+    max_model_len_override: int | None = None
+    capacity: int = 64
+    media: MediaCaps = field(default_factory=MediaCaps)
+    inflight: int = 0
+    requests_total: int = 0
+    # scraped from the worker's own /metrics
+    vllm_waiting: float = 0.0
+    vllm_running: float = 0.0
+    kv_usage: float = 0.0
+    # health and lifecycle
+    consecutive_failures: int = 0
+    restarts: int = 0
+    last_error: str | None = None
+    last_log_lines: list[str] = field(default_factory=list)
+    pid: int | None = None
+    gpus: list[int] | None = None
+    state_since: float = field(default_factory=time.monotonic)
+    ready_since: float | None = None
+
+    @property
+    def window(self) -> int | None:
+        return self.max_model_len_override or self.max_model_len
+
+    @property
+    def routable(self) -> bool:
+        return self.state is WorkerState.ready and self.url is not None
+
+    @property
+    def load(self) -> float:
+        """Gateway in-flight against capacity (0..1+)."""
+        return self.inflight / self.capacity if self.capacity else 1.0
+
+    def set_state(self, state: WorkerState) -> None:
+        if state is self.state:
+            return
+        self.state = state
+        self.state_since = time.monotonic()
+        self.ready_since = self.state_since if state is WorkerState.ready else None
+
+    def uptime_s(self) -> float | None:
+        return time.monotonic() - self.ready_since if self.ready_since is not None else None
+
+
+Listener = Callable[[Worker, WorkerState], None]
+
+
+class Registry:
+    """Every configured worker by name, plus change listeners (metrics, admission wake-ups)."""
+
+    def __init__(self) -> None:
+        self._workers: dict[str, Worker] = {}
+        self._listeners: list[Listener] = []
+
+    def add(self, worker: Worker) -> None:
+        self._workers[worker.name] = worker
+
+    def remove(self, name: str) -> Worker | None:
+        return self._workers.pop(name, None)
+
+    def get(self, name: str) -> Worker | None:
+        return self._workers.get(name)
+
+    def __iter__(self) -> Iterator[Worker]:
+        return iter(list(self._workers.values()))
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    def of_model(self, model: str) -> list[Worker]:
+        return [w for w in self._workers.values() if w.model == model]
+
+    def ready_of_model(self, model: str) -> list[Worker]:
+        return [w for w in self._workers.values() if w.model == model and w.routable]
+
+    def on_change(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def transition(self, worker: Worker, state: WorkerState) -> None:
+        """Change a worker's state and tell listeners (old state passed along)."""
+        old = worker.state
+        if old is state:
+            return
+        worker.set_state(state)
+        for listener in self._listeners:
+            listener(worker, old)
