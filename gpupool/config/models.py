@@ -219,12 +219,12 @@ class AuthConfig(_Strict):
 
 
 class GpupoolConfig(_Strict):
-    server: ServerConfig = Field(default_factory=ServerConfig)  # type: ignore[arg-type]
+    server: ServerConfig = Field(default_factory=ServerConfig)
     models: list[ModelConfig] = Field(..., min_length=1, description="Models served.")
     workers: list[WorkerConfig] = Field(..., min_length=1, description="Workers.")
-    queue: QueueConfig = Field(default_factory=QueueConfig)  # type: ignore[arg-type]
-    routing: RoutingConfig = Field(default_factory=RoutingConfig)  # type: ignore[arg-type]
-    auth: AuthConfig = Field(default_factory=AuthConfig)  # type: ignore[arg-type]
+    queue: QueueConfig = Field(default_factory=QueueConfig)
+    routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    auth: AuthConfig = Field(default_factory=AuthConfig)
 
     @model_validator(mode="after")
     def _cross_check(self) -> GpupoolConfig:

@@ -1,0 +1,45 @@
+# gpupool: `make run` serves the default config; `make test` sets up and runs every check.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+VLLM_VENV := .venv-vllm
+MODELS := .models
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test lint typecheck unit vllm-setup models bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	$(BIN)/gpupool serve --config config/gpupool.yaml
+
+lint: install
+	$(BIN)/ruff check gpupool tests bench scripts
+	$(BIN)/ruff format --check gpupool tests bench scripts
+
+typecheck: install
+	$(BIN)/mypy
+
+vllm-setup:
+	bash scripts/setup_vllm.sh $(VLLM_VENV)
+
+models: vllm-setup
+	$(VLLM_VENV)/bin/python scripts/make_tiny_models.py $(MODELS)
+
+unit: install
+	$(BIN)/pytest -q -m "not vllm"
+
+test: install lint typecheck models
+	GPUPOOL_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python GPUPOOL_TINY_MODELS=$(CURDIR)/$(MODELS) \
+		$(BIN)/pytest -q
+
+bench: install
+	$(BIN)/python bench/run.py
+
+clean:
+	rm -rf $(VENV) $(VLLM_VENV) $(MODELS) .gpupool .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,3 @@
+from gpupool.cli.main import main
+
+main()

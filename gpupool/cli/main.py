@@ -1,0 +1,98 @@
+"""The ``gpupool`` command line: serve, check, sim, plan, gpus, status."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from gpupool.config import ConfigError, GpupoolConfig, load_config
+
+EPILOG_SERVE = """\b
+Examples:
+  gpupool serve --config config/gpupool.yaml
+  gpupool serve --config gpupool.yaml --port 9000 --log-format json
+"""
+
+EPILOG_CHECK = """\b
+Examples:
+  gpupool check --config config/gpupool.yaml
+  gpupool check --config config/examples/seed000-pro6000-5090.yaml
+"""
+
+
+def _load(path: str) -> GpupoolConfig:
+    try:
+        return load_config(path)
+    except ConfigError as e:
+        click.echo(f"error: invalid configuration {path}:", err=True)
+        for p in e.problems:
+            click.echo(f"  {p}", err=True)
+        sys.exit(2)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="gpupool")
+def cli() -> None:
+    """gpupool: an OpenAI-compatible gateway and supervisor for a pool of vLLM workers."""
+
+
+@cli.command(epilog=EPILOG_SERVE)
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
+              help="The gpupool.yaml to serve.")  # fmt: skip
+@click.option("--host", default=None, help="Override server.host.")
+@click.option("--port", default=None, type=int, help="Override server.port.")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default=None,
+              help="Override server.log_format.")  # fmt: skip
+def serve(config_path: str, host: str | None, port: int | None, log_format: str | None) -> None:
+    """Serve the OpenAI-compatible API in front of the configured workers."""
+    from gpupool.cli.serve import run_server
+
+    cfg = _load(config_path)
+    if host is not None:
+        cfg.server.host = host
+    if port is not None:
+        cfg.server.port = port
+    if log_format is not None:
+        cfg.server.log_format = log_format  # type: ignore[assignment]
+    run_server(cfg, config_path)
+
+
+@cli.command(epilog=EPILOG_CHECK)
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
+              help="The gpupool.yaml to validate.")  # fmt: skip
+def check(config_path: str) -> None:
+    """Validate a configuration (and its GPU layout) without serving."""
+    from gpupool.cli.check import run_check
+
+    sys.exit(run_check(_load(config_path), config_path))
+
+
+@cli.command(epilog="\b\nExamples:\n  gpupool status\n  gpupool status --url http://gw:8000")
+@click.option("--url", default="http://127.0.0.1:8000", help="The gateway to ask.")
+@click.option("--admin-key", envvar="GPUPOOL_ADMIN_KEY", default=None, help="Admin key.")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
+def status(url: str, admin_key: str | None, as_json: bool) -> None:
+    """Show every worker's state, load and errors as a table."""
+    from gpupool.cli.status import run_status
+
+    sys.exit(run_status(url, admin_key, as_json))
+
+
+def _register_optional() -> None:
+    from gpupool.workers.sim.cli import sim
+
+    cli.add_command(sim)
+    try:
+        from gpupool.workers.planner.cli import gpus, plan
+    except ImportError:  # pragma: no cover - planner not installed
+        return
+    cli.add_command(plan)
+    cli.add_command(gpus)
+
+
+_register_optional()
+
+
+def main() -> None:
+    cli()

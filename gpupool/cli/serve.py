@@ -1,0 +1,51 @@
+"""``gpupool serve``: logging, the app, and uvicorn (uvloop + httptools)."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import sys
+
+import uvicorn
+
+from gpupool.cli.logs import setup_logging
+from gpupool.config.models import GpupoolConfig
+from gpupool.gateway.api.app import create_app
+
+log = logging.getLogger("gpupool")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def run_server(cfg: GpupoolConfig, config_path: str) -> None:
+    setup_logging(cfg.server.log_format.value)
+    if not cfg.auth.enabled and not _is_loopback(cfg.server.host):
+        log.warning(
+            "serving on %s without API keys: anyone who can reach it can use it "
+            "(set auth.enabled: true and add keys)", cfg.server.host,
+        )  # fmt: skip
+    app = create_app(cfg, config_path=config_path)
+    config = uvicorn.Config(
+        app,
+        host=cfg.server.host,
+        port=cfg.server.port,
+        loop="uvloop",
+        http="httptools",
+        access_log=cfg.server.access_log,
+        log_config=None,
+        lifespan="on",
+        timeout_graceful_shutdown=int(cfg.server.shutdown_grace_s),
+        timeout_keep_alive=30,
+        h11_max_incomplete_event_size=64 * 1024,
+    )
+    server = uvicorn.Server(config)
+    server.run()
+    if not server.started:
+        sys.exit(1)

@@ -1,0 +1,115 @@
+"""Queue arithmetic shared by both admission backends: waiter order and drain rate.
+
+Order among waiters of one model is the tuple ``(priority, start, seq)``:
+
+* ``priority`` first, lower first (vLLM's convention);
+* ``start``: a start-time fair queueing (SFQ) tag, so tenants share the queue fairly;
+* ``seq``: arrival, a counter that breaks ties.
+
+SFQ with unit cost. Each ``(model, priority)`` has a virtual clock ``V``. A request of tenant
+``t`` arriving gets ``start = max(V, F[t])`` and moves the tenant's finish tag ``F[t]`` to
+``start + 1``; granting a request moves ``V`` to ``max(V, start)``. So a tenant's n-th waiting
+request ranks with every other tenant's n-th one: 500 queued requests of one tenant delay another
+tenant's single request by at most one place per tenant, not by 500. ``F[t]`` is forgotten when
+the tenant has nothing waiting at that priority, so served or cancelled requests leave no debt.
+
+The Redis backend runs the same rules in Lua (``redis_scripts.py``); there the tuple is encoded as
+a fixed-width string (:func:`encode_key`) so a sorted set with equal scores orders members by it.
+
+Drain rate: an exponentially decaying count of grants, ``r <- r * exp(-dt / tau) + 1 / tau`` per
+grant; for a steady rate of grants it converges to that rate (grants per second).
+``Retry-After`` is then ``position / rate`` clamped to ``[1, max_wait]`` (:func:`retry_after`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+OrderKey = tuple[int, int, int]  # (priority, start tag, arrival seq)
+
+PRIORITY_LIMIT = 10**9 - 1  # priorities are clamped to +-this (10 decimal digits when encoded)
+RATE_TAU_S = 10.0  # memory of the drain-rate estimate
+
+
+def clamp_priority(priority: int) -> int:
+    return max(-PRIORITY_LIMIT, min(PRIORITY_LIMIT, priority))
+
+
+def encode_key(key: OrderKey, ident: str) -> str:
+    """The Redis sorted-set member for a waiter: lexicographic order equals ``key`` order."""
+    priority, start, seq = key
+    return f"{priority + PRIORITY_LIMIT + 1:010d}:{start:016d}:{seq:016d}:{ident}"
+
+
+def retry_after(position: int, rate_per_s: float, max_wait_s: float) -> float:
+    """Seconds until ``position`` is likely served at ``rate_per_s``, clamped to [1, max_wait]."""
+    if rate_per_s <= 0.0:
+        return max_wait_s
+    return min(max_wait_s, max(1.0, position / rate_per_s))
+
+
+@dataclass(slots=True)
+class _Flow:
+    finish: int
+    waiting: int = 0
+
+
+class FairClock:
+    """SFQ tags for one model (all its priorities)."""
+
+    def __init__(self) -> None:
+        self._vtime: dict[int, int] = {}
+        self._flows: dict[tuple[int, str], _Flow] = {}
+        self._seq = itertools.count(1)
+
+    def arrive(self, priority: int, tenant: str) -> OrderKey:
+        priority = clamp_priority(priority)
+        vtime = self._vtime.get(priority, 0)
+        flow = self._flows.setdefault((priority, tenant), _Flow(finish=vtime))
+        start = max(vtime, flow.finish)
+        flow.finish = start + 1
+        flow.waiting += 1
+        return (priority, start, next(self._seq))
+
+    def leave(self, key: OrderKey, tenant: str, *, granted: bool) -> None:
+        """A waiter left the queue: granted (advances the clock) or withdrawn."""
+        priority, start, _ = key
+        if granted and start > self._vtime.get(priority, 0):
+            self._vtime[priority] = start
+        flow = self._flows.get((priority, tenant))
+        if flow is None:
+            return
+        flow.waiting -= 1
+        if flow.waiting <= 0:
+            del self._flows[(priority, tenant)]
+
+    def tenants(self) -> dict[str, int]:
+        """Waiting requests per tenant (all priorities)."""
+        counts: dict[str, int] = {}
+        for (_, tenant), flow in self._flows.items():
+            counts[tenant] = counts.get(tenant, 0) + flow.waiting
+        return counts
+
+
+class DrainRate:
+    """Grants per second, an exponentially decaying event count (see module docstring)."""
+
+    def __init__(
+        self, tau_s: float = RATE_TAU_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._tau = tau_s
+        self._clock = clock
+        self._rate = 0.0
+        self._at = clock()
+
+    def per_second(self) -> float:
+        return self._rate * math.exp(-(self._clock() - self._at) / self._tau)
+
+    def tick(self) -> None:
+        rate = self.per_second() + 1.0 / self._tau
+        self._at = self._clock()
+        self._rate = rate

@@ -1,0 +1,439 @@
+"""Redis admission: gateway replicas share worker slots and one fair queue per model.
+
+Key names: ``keys.py``. Atomic operations: the Lua scripts in ``redis_scripts.py``. This module
+is one replica's side: its waiters, its leases, and three background duties.
+
+Slots are leases. A grant adds the admission id to ``s:<worker>`` scored by its expiry (now +
+``lease_ttl_s``); this replica re-asserts every lease it holds every ``lease_ttl_s / 3`` together
+with its heartbeat (``renew``). A replica that dies stops renewing, so its slots come back within
+the TTL and its waiting tickets are skipped by ``dispatch`` and swept by the next ``renew`` of any
+replica once its heartbeat expires.
+
+Wake-up path. Every script that frees a slot or adds a waiter ends in ``dispatch``, which grants
+the slot to the head of ``w:<worker>`` inside the same atomic step and publishes
+``"<iid> <worker>"`` on the owning replica's ``wake:<replica>`` channel. The owner's listener
+resolves the waiting future. Safety net for a lost message or a slot freed by expiry: every
+``recheck_interval_s`` (default ``min(0.5, lease_ttl_s / 4)``) the replica runs ``recheck`` for its
+waiters: it dispatches all their candidate workers with this replica's view of capacity and
+reports each ticket's state (granted, waiting, or gone: a gone ticket is queued again).
+
+Cancellation. A waiter that leaves without a lease (cancelled, or its ``on_wait`` failed) runs
+``withdraw`` to completion (shielded): if the ticket was granted meanwhile, the slot is released
+at once rather than left to expire.
+
+Outage. Any connection error marks Redis down. Policy ``reject``: new and waiting requests get
+``ServiceUnavailable``. Policy ``local``: they are served by a :class:`MemoryAdmission` over this
+replica's share of each worker (``capacity // replicas_hint``, at least 1); the leases this
+replica already holds through Redis are counted in that share (``force_hold``), so the replica
+does not exceed its share by the requests it was already running. Releases during the outage
+are local only. The maintenance loop pings Redis every ``recheck_interval_s``; when it answers,
+the replica re-asserts every lease it still holds, Redis-granted or local, as a Redis lease
+(Redis then counts the work really running, possibly above capacity for a moment: it grants
+nothing on that worker until the count drops below), drops its stale tickets, switches new
+requests back to Redis and moves its local waiters back to the Redis queue (with their remaining
+wait). Nothing restarts and nothing leaks: a lease is either re-asserted while held or, if its
+release could not reach Redis, expires with its TTL (or vanished with a restarted Redis).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import Coroutine, Iterable
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from gpupool.config.models import QueueConfig, RedisFailurePolicy
+from gpupool.gateway.admission.base import Lease, Ticket, WaitCallback, WorkerView
+from gpupool.gateway.admission.fairness import RATE_TAU_S, retry_after
+from gpupool.gateway.admission.keys import Keys
+from gpupool.gateway.admission.memory import MemoryAdmission, Requeued, unique
+from gpupool.gateway.admission.redis_scripts import Caps, Store
+from gpupool.gateway.admission.waiting import consume, wait_for_grant
+from gpupool.gateway.errors import QueueFull, QueueTimeout, ServiceUnavailable
+
+log = logging.getLogger(__name__)
+
+REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+class RedisDown(Exception):
+    """Redis could not be reached while serving an acquire; it is retried locally."""
+
+
+class ShareView:
+    """This replica's share of every worker: ``capacity // replicas``, at least 1."""
+
+    def __init__(self, workers: WorkerView, replicas: int) -> None:
+        self._workers = workers
+        self._replicas = max(1, replicas)
+
+    def capacity(self, worker: str) -> int:
+        return max(1, self._workers.capacity(worker) // self._replicas)
+
+    def available(self, worker: str) -> bool:
+        return self._workers.available(worker)
+
+
+@dataclass(eq=False, slots=True)
+class _Waiter:
+    iid: str
+    ticket: Ticket
+    fut: asyncio.Future[str]
+    began: float
+    key: str = ""  # order key, set once the ticket is queued in Redis
+
+
+@dataclass(slots=True)
+class _Held:
+    worker: str
+    local: Lease | None = None  # also counted by the local fallback
+
+
+def redis_client(url: str, lease_ttl_s: float) -> Redis:
+    """A client that fails fast: one immediate retry (a stale pooled socket), short timeouts."""
+    timeout = max(1.0, min(5.0, lease_ttl_s / 2))
+    return Redis.from_url(
+        url,
+        decode_responses=True,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry=Retry(NoBackoff(), 1),
+    )
+
+
+class RedisAdmission:
+    """The ``Admission`` contract shared through Redis by several gateway replicas."""
+
+    def __init__(
+        self,
+        cfg: QueueConfig,
+        workers: WorkerView,
+        *,
+        replica_id: str,
+        recheck_interval_s: float | None = None,
+        client: Redis | None = None,
+    ) -> None:
+        self._cfg = cfg
+        self._workers = workers
+        self.replica_id = replica_id
+        self._recheck_s = recheck_interval_s or min(0.5, cfg.lease_ttl_s / 4)
+        self._renew_s = cfg.lease_ttl_s / 3
+        self._keys = Keys(cfg.redis_prefix)
+        self._client = client or redis_client(cfg.redis_url, cfg.lease_ttl_s)
+        self._store = Store(self._client, cfg.redis_prefix, cfg.lease_ttl_s, RATE_TAU_S)
+        self._local = MemoryAdmission.from_config(
+            cfg, ShareView(workers, cfg.replicas_hint), replica_id
+        )
+        self._up = False
+        self._waiting: dict[str, _Waiter] = {}
+        self._held: dict[str, _Held] = {}
+        self._renewing: list[tuple[str, str]] | None = None  # releases during a renew call
+        self._ids = itertools.count(1)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def redis_up(self) -> bool:
+        return self._up
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        try:
+            await self._recover()
+        except REDIS_ERRORS as exc:
+            log.warning("admission: Redis unreachable at start (%s); policy %s", exc, self._policy)
+        self._spawn(self._listen())
+        self._spawn(self._maintain())
+
+    async def close(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for waiter in self._waiting.values():
+            if not waiter.fut.done():
+                waiter.fut.set_exception(ServiceUnavailable("The gateway is shutting down."))
+        await self._local.close()
+        if self._up:
+            with contextlib.suppress(*REDIS_ERRORS):
+                await self._store.retire(self.replica_id)
+        await self._client.aclose()
+
+    # -- the contract ---------------------------------------------------------------------
+
+    async def acquire(self, ticket: Ticket, on_wait: WaitCallback | None = None) -> Lease:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        deadline = began + ticket.max_wait_s
+        while True:
+            try:
+                return await self._acquire_once(ticket, on_wait, began, deadline)
+            except (RedisDown, Requeued):
+                continue
+
+    async def release(self, lease: Lease) -> None:
+        iid = lease.extra.get("iid")
+        held = self._held.pop(iid, None) if isinstance(iid, str) else None
+        if iid is None or held is None:
+            return
+        if held.local is not None:
+            await self._local.release(held.local)
+        if self._renewing is not None:
+            self._renewing.append((iid, held.worker))
+        if self._up:
+            await asyncio.shield(self._spawn(self._release_remote(iid, held.worker)))
+
+    def poke(self, worker: str) -> None:
+        self._local.poke(worker)
+        if self._up:
+            self._spawn(self._dispatch([worker]))
+
+    async def snapshot(self) -> dict[str, Any]:
+        local = await self._local.snapshot()
+        view: dict[str, Any] = {
+            "backend": "redis",
+            "replica": self.replica_id,
+            "redis_up": self._up,
+            "on_redis_down": str(self._policy),
+            "models": local["models"],
+            "workers": local["workers"],
+            "local": local,
+        }
+        if self._up:
+            try:
+                view.update(await self._store.snapshot())
+            except REDIS_ERRORS as exc:
+                self._went_down(exc)
+        return view
+
+    # -- acquiring ------------------------------------------------------------------------
+
+    @property
+    def _policy(self) -> RedisFailurePolicy:
+        return self._cfg.on_redis_down
+
+    async def _acquire_once(
+        self, ticket: Ticket, on_wait: WaitCallback | None, began: float, deadline: float
+    ) -> Lease:
+        if self._up:
+            return await self._redis_acquire(ticket, on_wait, began, deadline)
+        if self._policy is RedisFailurePolicy.reject:
+            raise ServiceUnavailable(
+                "Admission is unavailable: the shared queue cannot be reached."
+            )
+        loop = asyncio.get_running_loop()
+        waiting = replace(ticket, max_wait_s=max(0.0, deadline - loop.time()))
+        lease = await self._local.acquire(waiting, on_wait)
+        iid = self._new_iid()
+        self._held[iid] = _Held(lease.worker, local=lease)
+        queued_s = loop.time() - began if lease.queued_s else 0.0
+        return self._lease(iid, lease.worker, ticket.id, queued_s, "local")
+
+    async def _redis_acquire(
+        self, ticket: Ticket, on_wait: WaitCallback | None, began: float, deadline: float
+    ) -> Lease:
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(self._new_iid(), ticket, loop.create_future(), began)
+        self._waiting[waiter.iid] = waiter
+        try:
+            return await self._redis_wait(waiter, on_wait, deadline)
+        finally:
+            del self._waiting[waiter.iid]
+            consume(waiter.fut)
+
+    async def _redis_wait(
+        self, waiter: _Waiter, on_wait: WaitCallback | None, deadline: float
+    ) -> Lease:
+        try:
+            worker = await self._enter(waiter)
+            if worker is None:
+                position = partial(self._position, waiter)
+                keepalive = self._cfg.keepalive_interval_s
+                worker = await wait_for_grant(waiter.fut, deadline, keepalive, position, on_wait)
+            if worker is None:
+                worker = await self._timed_out(waiter)
+        except REDIS_ERRORS as exc:
+            self._went_down(exc)
+            raise RedisDown() from exc
+        except (QueueFull, QueueTimeout, RedisDown, Requeued, ServiceUnavailable):
+            raise
+        except BaseException:
+            await asyncio.shield(self._spawn(self._withdraw(waiter.iid)))
+            raise
+        return self._granted(waiter, worker)
+
+    async def _enter(self, waiter: _Waiter) -> str | None:
+        """Run ``acquire``: the worker if granted at once, None if queued."""
+        t = waiter.ticket
+        out = await self._store.acquire(
+            waiter.iid,
+            self.replica_id,
+            (t.id, t.model, t.tenant, t.priority),
+            self._caps(unique(t.candidates)),
+            self._cfg.max_queued,
+        )
+        if out.status == "granted":
+            return out.worker
+        if out.status == "full":
+            raise QueueFull(
+                f"The queue for model `{t.model}` is full ({out.position} waiting); retry later.",
+                retry_after_s=retry_after(out.position + 1, out.rate, self._cfg.max_wait_s),
+            )
+        waiter.key = out.key
+        return None
+
+    async def _timed_out(self, waiter: _Waiter) -> str:
+        """Leave the queue at the deadline; a grant that raced the deadline wins."""
+        out = await self._store.withdraw(waiter.iid)
+        if out.status == "granted":
+            return out.worker
+        t = waiter.ticket
+        raise QueueTimeout(
+            f"No slot for model `{t.model}` within {t.max_wait_s:g}s; retry later.",
+            retry_after_s=retry_after(out.position, out.rate, self._cfg.max_wait_s),
+        )
+
+    def _granted(self, waiter: _Waiter, worker: str) -> Lease:
+        held = self._held[waiter.iid] = _Held(worker)
+        if not self._up:  # granted just before Redis went away: count it in the local share
+            held.local = self._local.force_hold(worker, waiter.ticket.id)
+        loop = asyncio.get_running_loop()
+        queued_s = loop.time() - waiter.began if waiter.key else 0.0
+        return self._lease(waiter.iid, worker, waiter.ticket.id, queued_s, "redis")
+
+    def _lease(self, iid: str, worker: str, ticket_id: str, queued_s: float, via: str) -> Lease:
+        extra: dict[str, Any] = {"iid": iid, "replica": self.replica_id, "via": via}
+        return Lease(worker=worker, ticket_id=ticket_id, queued_s=queued_s, extra=extra)
+
+    async def _position(self, waiter: _Waiter) -> int:
+        return await self._store.position(self._keys.queue(waiter.ticket.model), waiter.key)
+
+    def _cap(self, worker: str) -> int:
+        return self._workers.capacity(worker) if self._workers.available(worker) else 0
+
+    def _caps(self, workers: Iterable[str]) -> Caps:
+        return [(name, self._cap(name)) for name in workers]
+
+    def _new_iid(self) -> str:
+        return f"{self.replica_id}|{next(self._ids)}"
+
+    # -- background work ------------------------------------------------------------------
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _release_remote(self, iid: str, worker: str) -> None:
+        try:
+            await self._store.release(iid, worker, self._cap(worker))
+        except REDIS_ERRORS as exc:
+            self._went_down(exc)
+
+    async def _withdraw(self, iid: str) -> None:
+        """A waiter left without a lease: drop its ticket, or release a slot it raced to."""
+        try:
+            out = await self._store.withdraw(iid)
+            if out.status == "granted":
+                await self._store.release(iid, out.worker, self._cap(out.worker))
+        except REDIS_ERRORS as exc:
+            self._went_down(exc)
+
+    async def _dispatch(self, workers: list[str]) -> None:
+        try:
+            await self._store.recheck(self._caps(workers), [])
+        except REDIS_ERRORS as exc:
+            self._went_down(exc)
+
+    def _went_down(self, exc: BaseException) -> None:
+        if not self._up:
+            return
+        self._up = False
+        log.warning("admission: Redis unreachable (%s); policy %s", exc, self._policy)
+        for iid, held in self._held.items():
+            if held.local is None:
+                held.local = self._local.force_hold(held.worker, iid)
+        for waiter in self._waiting.values():
+            if not waiter.fut.done():
+                waiter.fut.set_exception(RedisDown())
+
+    async def _recover(self) -> None:
+        await self._client.ping()
+        await self._renew()
+        self._up = True
+        moved = self._local.requeue_all()
+        log.info("admission: Redis reachable; %d local waiters moved back", moved)
+
+    async def _renew(self) -> None:
+        """Heartbeat, re-assert held leases, drop this replica's orphaned tickets."""
+        leases = [(iid, held.worker) for iid, held in self._held.items()]
+        self._renewing = []
+        try:
+            listed = await self._store.renew(self.replica_id, leases)
+        finally:
+            released, self._renewing = self._renewing, None
+        for iid, worker in released:  # released while the renew was in flight: undo a re-assert
+            await self._store.release(iid, worker, self._cap(worker))
+        await self._store.forget(self.replica_id, sorted(listed - self._waiting.keys()))
+
+    async def _recheck(self) -> None:
+        waiters = [w for w in self._waiting.values() if w.key]
+        if not waiters:
+            return
+        workers = unique([name for w in waiters for name in w.ticket.candidates])
+        states = await self._store.recheck(self._caps(workers), [w.iid for w in waiters])
+        for waiter, state in zip(waiters, states, strict=True):
+            if waiter.fut.done() or waiter.iid not in self._waiting:
+                continue
+            if state == "?":
+                waiter.fut.set_exception(Requeued())
+            elif state:
+                waiter.fut.set_result(state)
+
+    async def _maintain(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_renew = loop.time() + self._renew_s
+        while True:
+            await asyncio.sleep(self._recheck_s)
+            try:
+                if not self._up:
+                    await self._recover()
+                    next_renew = loop.time() + self._renew_s
+                    continue
+                await self._recheck()
+                if loop.time() >= next_renew:
+                    next_renew = loop.time() + self._renew_s
+                    await self._renew()
+            except REDIS_ERRORS as exc:
+                self._went_down(exc)
+            except Exception:
+                log.exception("admission: maintenance step failed")
+
+    async def _listen(self) -> None:
+        channel = self._keys.wake(self.replica_id)
+        while True:
+            with contextlib.suppress(*REDIS_ERRORS):
+                async with self._client.pubsub() as pubsub:
+                    await pubsub.subscribe(channel)
+                    while True:
+                        msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                        if msg is not None:
+                            self._on_wake(str(msg["data"]))
+            await asyncio.sleep(self._recheck_s)
+
+    def _on_wake(self, data: str) -> None:
+        iid, _, worker = data.rpartition(" ")
+        waiter = self._waiting.get(iid)
+        if waiter is not None and not waiter.fut.done():
+            waiter.fut.set_result(worker)

@@ -1,0 +1,393 @@
+"""The Lua scripts of the Redis admission backend, and :class:`Store`, their typed caller.
+
+Every state change is one script, so it is atomic. Each script is the shared library
+(``_LIB``: key names, Redis ``TIME``, ticket parsing, fair queueing, grants, dispatch) followed by
+a short body. Arguments common to all: ``ARGV[1]`` key prefix, ``ARGV[2]`` lease TTL (ms),
+``ARGV[3]`` drain-rate tau (ms); the body's own arguments follow. Keys are built inside the scripts
+(``keys.lua_key_table``), so this targets a single Redis server, not Redis Cluster.
+
+``dispatch(worker, cap)`` is the heart: purge expired leases, then while the worker has room hand
+the slot to the head of ``w:<worker>`` (skipping stale members and tickets of dead replicas),
+recording the lease and publishing ``"<iid> <worker>"`` on the owner's ``wake:`` channel. Every
+script that can free a slot or add a waiter ends in it, so no slot idles while a live eligible
+waiter exists, as far as the caller's view of capacity and availability goes (a worker's
+capacity arrives as an argument; 0 means "not available here").
+
+Scripts: ``acquire`` (idempotent: replaying it returns the same outcome), ``release``,
+``withdraw`` (a waiter leaves: removed, or tells it was granted meanwhile), ``recheck`` (the
+safety net: dispatch some workers, report the state of some tickets), ``renew`` (heartbeat,
+re-assert held leases, sweep dead replicas, list own waiting tickets), ``forget`` (drop orphaned
+tickets), ``retire`` (a replica's clean
+exit), ``snapshot`` (JSON for ``/admin/queue``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
+
+from gpupool.gateway.admission.fairness import PRIORITY_LIMIT, clamp_priority
+from gpupool.gateway.admission.keys import lua_key_table
+
+_LIB = (
+    lua_key_table()
+    + """
+local TTL = tonumber(ARGV[2])
+local TAU = tonumber(ARGV[3])
+local T = redis.call('TIME')
+local NOW = tonumber(T[1]) * 1000 + math.floor(tonumber(T[2]) / 1000)
+
+local function split(s)
+  local out = {}
+  for x in string.gmatch(s or '', '[^,]+') do out[#out + 1] = x end
+  return out
+end
+
+local function ticket(iid)
+  local v = redis.call('HMGET', K.ticket(iid), 'model', 'tenant', 'prio', 'key', 'cands', 'rep',
+    'w', 'enq')
+  if not v[1] then return nil end
+  return {iid = iid, model = v[1], tenant = v[2], prio = v[3], key = v[4], cands = v[5],
+    rep = v[6], w = v[7], enq = v[8]}
+end
+
+local function rate_now(model)
+  local v = redis.call('HMGET', K.rate(model), 'r', 't')
+  local r = tonumber(v[1]) or 0
+  local t = tonumber(v[2]) or NOW
+  return r * math.exp(-(NOW - t) / TAU)
+end
+
+local function rate_tick(model)
+  redis.call('HSET', K.rate(model), 'r', tostring(rate_now(model) + 1000 / TAU), 't', NOW)
+end
+
+local function heartbeat(rep)
+  redis.call('ZADD', K.replicas(), NOW + TTL, rep)
+end
+
+local function alive(rep)
+  local e = tonumber(redis.call('ZSCORE', K.replicas(), rep))
+  return e ~= nil and e >= NOW
+end
+
+local function held(worker)
+  redis.call('ZREMRANGEBYSCORE', K.slots(worker), '-inf', '(' .. NOW)
+  return redis.call('ZCARD', K.slots(worker))
+end
+
+local function unqueue(h)
+  redis.call('ZREM', K.queue(h.model), h.key)
+  for _, w in ipairs(split(h.cands)) do redis.call('ZREM', K.waiters(w), h.key) end
+  redis.call('SREM', K.replica_tickets(h.rep), h.iid)
+  local f, n = K.fair(h.model), 'n:' .. h.prio .. ':' .. h.tenant
+  if redis.call('HINCRBY', f, n, -1) <= 0 then
+    redis.call('HDEL', f, n, 'f:' .. h.prio .. ':' .. h.tenant)
+  end
+end
+
+local function drop(h)
+  unqueue(h)
+  redis.call('DEL', K.ticket(h.iid))
+end
+
+local function take_slot(iid, model, worker)
+  redis.call('ZADD', K.slots(worker), NOW + TTL, iid)
+  redis.call('HSET', K.ticket(iid), 'w', worker)
+  redis.call('PEXPIRE', K.ticket(iid), TTL)
+  redis.call('SADD', K.workers(), worker)
+  rate_tick(model)
+end
+
+local function grant(h, worker)
+  unqueue(h)
+  local start = tonumber(string.match(h.key, '^[^:]+:([^:]+):'))
+  local f, v = K.fair(h.model), 'v:' .. h.prio
+  if start > (tonumber(redis.call('HGET', f, v)) or 0) then redis.call('HSET', f, v, start) end
+  take_slot(h.iid, h.model, worker)
+  redis.call('PUBLISH', K.wake(h.rep), h.iid .. ' ' .. worker)
+end
+
+local function dispatch(worker, cap)
+  if cap <= 0 then return end
+  local n = held(worker)
+  while n < cap do
+    local top = redis.call('ZRANGE', K.waiters(worker), 0, 0)
+    if #top == 0 then return end
+    local h = ticket(string.match(top[1], '^[^:]+:[^:]+:[^:]+:(.*)$'))
+    if not h or h.w or h.key ~= top[1] then
+      redis.call('ZREM', K.waiters(worker), top[1])
+    elseif not alive(h.rep) then
+      drop(h)
+    else
+      grant(h, worker)
+      n = n + 1
+    end
+  end
+end
+
+local function dispatch_pairs(first, last)
+  for i = first, last, 2 do dispatch(ARGV[i], tonumber(ARGV[i + 1])) end
+end
+
+local function status(h)
+  if h.w then return {'granted', h.w} end
+  local rank = redis.call('ZRANK', K.queue(h.model), h.key)
+  return {'queued', (rank or 0) + 1, h.key}
+end
+"""
+)
+
+_ACQUIRE = """
+local iid, rep, tid, model, tenant = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+local prio, maxq = tonumber(ARGV[9]), tonumber(ARGV[10])
+heartbeat(rep)
+local known = ticket(iid)
+if known then return status(known) end
+local function record(...)
+  redis.call('HSET', K.ticket(iid), 'model', model, 'tenant', tenant, 'prio', prio, 'rep', rep,
+    'tid', tid, 'enq', NOW, ...)
+end
+for i = 11, #ARGV, 2 do
+  local w, cap = ARGV[i], tonumber(ARGV[i + 1])
+  if cap > 0 and redis.call('ZCARD', K.waiters(w)) == 0 and held(w) < cap then
+    record()
+    take_slot(iid, model, w)
+    return {'granted', w}
+  end
+end
+local depth = redis.call('ZCARD', K.queue(model))
+if depth >= maxq then return {'full', depth, tostring(rate_now(model))} end
+local f = K.fair(model)
+local v = tonumber(redis.call('HGET', f, 'v:' .. prio)) or 0
+local start = math.max(v, tonumber(redis.call('HGET', f, 'f:' .. prio .. ':' .. tenant)) or v)
+redis.call('HSET', f, 'f:' .. prio .. ':' .. tenant, start + 1)
+redis.call('HINCRBY', f, 'n:' .. prio .. ':' .. tenant, 1)
+local seq = redis.call('INCR', K.seq())
+local key = string.format('%010d:%016d:%016d:', prio + LIMIT + 1, start, seq) .. iid
+local cands = {}
+for i = 11, #ARGV, 2 do
+  cands[#cands + 1] = ARGV[i]
+  redis.call('ZADD', K.waiters(ARGV[i]), 0, key)
+end
+record('key', key, 'cands', table.concat(cands, ','))
+redis.call('ZADD', K.queue(model), 0, key)
+redis.call('SADD', K.replica_tickets(rep), iid)
+redis.call('SADD', K.models(), model)
+dispatch_pairs(11, #ARGV)
+return status(ticket(iid))
+""".replace("LIMIT", str(PRIORITY_LIMIT))
+
+_RELEASE = """
+redis.call('ZREM', K.slots(ARGV[5]), ARGV[4])
+redis.call('DEL', K.ticket(ARGV[4]))
+dispatch(ARGV[5], tonumber(ARGV[6]))
+return 1
+"""
+
+_WITHDRAW = """
+local h = ticket(ARGV[4])
+if not h then return {'gone'} end
+if h.w then return {'granted', h.w} end
+local rank = redis.call('ZRANK', K.queue(h.model), h.key)
+drop(h)
+return {'removed', (rank or 0) + 1, tostring(rate_now(h.model))}
+"""
+
+_RECHECK = """
+local npairs = tonumber(ARGV[4])
+dispatch_pairs(5, 4 + 2 * npairs)
+local out = {}
+for i = 5 + 2 * npairs, #ARGV do
+  local h = ticket(ARGV[i])
+  if not h then out[#out + 1] = '?' elseif h.w then out[#out + 1] = h.w else out[#out + 1] = '' end
+end
+return out
+"""
+
+_RENEW = """
+local rep, nleases = ARGV[4], tonumber(ARGV[5])
+heartbeat(rep)
+for i = 6, 5 + 2 * nleases, 2 do
+  redis.call('ZADD', K.slots(ARGV[i + 1]), NOW + TTL, ARGV[i])
+  redis.call('PEXPIRE', K.ticket(ARGV[i]), TTL)
+  redis.call('SADD', K.workers(), ARGV[i + 1])
+end
+for _, dead in ipairs(redis.call('ZRANGEBYSCORE', K.replicas(), '-inf', '(' .. NOW)) do
+  for _, iid in ipairs(redis.call('SMEMBERS', K.replica_tickets(dead))) do
+    local h = ticket(iid)
+    if h and not h.w then drop(h) end
+  end
+  redis.call('DEL', K.replica_tickets(dead))
+  redis.call('ZREM', K.replicas(), dead)
+end
+return redis.call('SMEMBERS', K.replica_tickets(rep))
+"""
+
+_FORGET = """
+for i = 5, #ARGV do
+  local h = ticket(ARGV[i])
+  if h and not h.w then drop(h) end
+  redis.call('SREM', K.replica_tickets(ARGV[4]), ARGV[i])
+end
+return 1
+"""
+
+_RETIRE = """
+local rep = ARGV[4]
+for _, iid in ipairs(redis.call('SMEMBERS', K.replica_tickets(rep))) do
+  local h = ticket(iid)
+  if h and not h.w then drop(h) end
+end
+redis.call('DEL', K.replica_tickets(rep))
+redis.call('ZREM', K.replicas(), rep)
+return 1
+"""
+
+_SNAPSHOT = """
+local out = {models = {}, workers = {}, replicas = redis.call('ZRANGEBYSCORE', K.replicas(),
+  NOW, '+inf')}
+for _, m in ipairs(redis.call('SMEMBERS', K.models())) do
+  local members = redis.call('ZRANGE', K.queue(m), 0, -1)
+  local oldest = NOW
+  for _, key in ipairs(members) do
+    local enq = tonumber(redis.call('HGET', K.ticket(string.match(key, '^[^:]+:[^:]+:[^:]+:(.*)$')),
+      'enq'))
+    if enq and enq < oldest then oldest = enq end
+  end
+  local tenants, fair = {}, redis.call('HGETALL', K.fair(m))
+  for i = 1, #fair, 2 do
+    local tenant = string.match(fair[i], '^n:[^:]+:(.*)$')
+    if tenant then tenants[tenant] = (tenants[tenant] or 0) + tonumber(fair[i + 1]) end
+  end
+  out.models[m] = {depth = #members, oldest_wait_s = (NOW - oldest) / 1000, tenants = tenants,
+    drain_rate_per_s = rate_now(m)}
+end
+for _, w in ipairs(redis.call('SMEMBERS', K.workers())) do
+  local by = {}
+  local leases = redis.call('ZRANGEBYSCORE', K.slots(w), NOW, '+inf')
+  for _, iid in ipairs(leases) do
+    local rep = string.match(iid, '^(.*)|[^|]*$') or '?'
+    by[rep] = (by[rep] or 0) + 1
+  end
+  out.workers[w] = {held = #leases, by_replica = by}
+end
+return cjson.encode(out)
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What ``acquire`` or ``withdraw`` did.
+
+    ``status``: ``granted`` (``worker``), ``queued`` (``position``, ``key``), ``full``
+    (``position`` = depth, ``rate``), ``removed`` (``position``, ``rate``) or ``gone``.
+    """
+
+    status: str
+    worker: str = ""
+    position: int = 0
+    key: str = ""
+    rate: float = 0.0
+
+
+def _outcome(reply: list[Any]) -> Outcome:
+    status = str(reply[0])
+    if status == "granted":
+        return Outcome(status, worker=str(reply[1]))
+    if status == "queued":
+        return Outcome(status, position=int(reply[1]), key=str(reply[2]))
+    if status in ("full", "removed"):
+        return Outcome(status, position=int(reply[1]), rate=float(reply[2]))
+    return Outcome(status)
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}  # cjson writes an empty table as {} or []
+
+
+Caps = list[tuple[str, int]]  # (worker, capacity here; 0 when unavailable)
+
+
+def _flat(pairs: list[tuple[str, Any]]) -> list[Any]:
+    return [x for pair in pairs for x in pair]
+
+
+class Store:
+    """Typed calls of the scripts on one Redis client (``decode_responses=True``)."""
+
+    def __init__(self, client: Redis, prefix: str, lease_ttl_s: float, rate_tau_s: float) -> None:
+        self._client = client
+        self._common: list[Any] = [prefix, int(lease_ttl_s * 1000), int(rate_tau_s * 1000)]
+        self._scripts: dict[str, AsyncScript] = {
+            name: client.register_script(_LIB + body)
+            for name, body in (
+                ("acquire", _ACQUIRE),
+                ("release", _RELEASE),
+                ("withdraw", _WITHDRAW),
+                ("recheck", _RECHECK),
+                ("renew", _RENEW),
+                ("forget", _FORGET),
+                ("retire", _RETIRE),
+                ("snapshot", _SNAPSHOT),
+            )
+        }
+
+    async def _run(self, name: str, *args: Any) -> Any:
+        return await self._scripts[name](keys=[], args=[*self._common, *args])
+
+    async def acquire(
+        self,
+        iid: str,
+        replica: str,
+        ticket: tuple[str, str, str, int],  # (client ticket id, model, tenant, priority)
+        caps: Caps,
+        max_queued: int,
+    ) -> Outcome:
+        tid, model, tenant, priority = ticket
+        args = [iid, replica, tid, model, tenant, clamp_priority(priority), max_queued]
+        return _outcome(await self._run("acquire", *args, *_flat(list(caps))))
+
+    async def release(self, iid: str, worker: str, cap: int) -> None:
+        await self._run("release", iid, worker, cap)
+
+    async def withdraw(self, iid: str) -> Outcome:
+        return _outcome(await self._run("withdraw", iid))
+
+    async def recheck(self, caps: Caps, iids: list[str]) -> list[str]:
+        """Dispatch ``caps``; per iid: the granted worker, ``""`` waiting, ``"?"`` gone."""
+        reply = await self._run("recheck", len(caps), *_flat(list(caps)), *iids)
+        return [str(x) for x in reply]
+
+    async def renew(self, replica: str, leases: list[tuple[str, str]]) -> set[str]:
+        """Heartbeat, re-assert ``(iid, worker)`` leases, sweep dead replicas' waiters.
+
+        Returns the iids Redis lists as this replica's waiting tickets.
+        """
+        reply = await self._run("renew", replica, len(leases), *_flat(list(leases)))
+        return {str(x) for x in reply}
+
+    async def forget(self, replica: str, iids: list[str]) -> None:
+        """Drop these tickets of ``replica`` if still waiting (their waiters are gone)."""
+        if iids:
+            await self._run("forget", replica, *iids)
+
+    async def retire(self, replica: str) -> None:
+        await self._run("retire", replica)
+
+    async def position(self, model_queue: str, key: str) -> int:
+        rank = await self._client.zrank(model_queue, key)
+        return rank + 1 if isinstance(rank, int) else 1
+
+    async def snapshot(self) -> dict[str, Any]:
+        raw = orjson.loads(await self._run("snapshot"))
+        models = {m: {**v, "tenants": _dict(v["tenants"])} for m, v in _dict(raw["models"]).items()}
+        workers = {
+            w: {**v, "by_replica": _dict(v["by_replica"])} for w, v in _dict(raw["workers"]).items()
+        }
+        replicas = raw["replicas"] if isinstance(raw["replicas"], list) else []
+        return {"models": models, "workers": workers, "replicas": replicas}

@@ -1,0 +1,98 @@
+"""Admin routes: worker status and control, queue status, config reload."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.routing import Route
+from starlette.types import ASGIApp
+
+from gpupool.gateway.api.endpoint import Endpoint, services
+from gpupool.gateway.api.responses import ReplyResponse
+from gpupool.gateway.errors import BadRequest, NotFound
+from gpupool.gateway.reply import Reply
+from gpupool.workers.registry import Worker
+
+
+def worker_status(w: Worker) -> dict[str, Any]:
+    uptime = w.uptime_s()
+    return {
+        "name": w.name,
+        "model": w.model,
+        "state": w.state.value,
+        "supervised": w.supervised,
+        "url": w.url,
+        "pid": w.pid,
+        "gpus": w.gpus,
+        "max_model_len": w.window,
+        "inflight": w.inflight,
+        "capacity": w.capacity,
+        "requests_total": w.requests_total,
+        "restarts": w.restarts,
+        "last_error": w.last_error,
+        "last_log_lines": w.last_log_lines,
+        "uptime_s": round(uptime, 1) if uptime is not None else None,
+        "vllm": {"kv_cache_usage": w.kv_usage, "waiting": w.vllm_waiting,
+                 "running": w.vllm_running},
+    }  # fmt: skip
+
+
+def _worker(request: Request) -> Worker:
+    name = request.path_params["name"]
+    w = services(request).registry.get(name)
+    if w is None:
+        raise NotFound(f"No worker named `{name}`.", param="name")
+    return w
+
+
+async def list_workers(request: Request) -> ASGIApp:
+    svc = services(request)
+    data = [worker_status(w) for w in svc.registry]
+    return ReplyResponse(Reply.json(200, {"object": "list", "data": data}))
+
+
+async def get_worker(request: Request) -> ASGIApp:
+    return ReplyResponse(Reply.json(200, worker_status(_worker(request))))
+
+
+async def drain(request: Request) -> ASGIApp:
+    w, svc = _worker(request), services(request)
+    timeout = float(request.query_params.get("timeout_s", "300"))
+    await svc.drain(w, timeout)
+    return ReplyResponse(Reply.json(200, worker_status(w)))
+
+
+async def undrain(request: Request) -> ASGIApp:
+    w, svc = _worker(request), services(request)
+    await svc.undrain(w)
+    return ReplyResponse(Reply.json(200, worker_status(w)))
+
+
+async def restart(request: Request) -> ASGIApp:
+    w, svc = _worker(request), services(request)
+    if not w.supervised:
+        raise BadRequest(f"Worker `{w.name}` is not launched by gpupool; it cannot be restarted.")
+    await svc.supervisor.restart(w.name)
+    return ReplyResponse(Reply.json(200, worker_status(w)))
+
+
+async def reload(request: Request) -> ASGIApp:
+    summary = await services(request).reload()
+    return ReplyResponse(Reply.json(200, summary))
+
+
+async def queue(request: Request) -> ASGIApp:
+    return ReplyResponse(Reply.json(200, await services(request).admission.snapshot()))
+
+
+def routes() -> list[Route]:
+    return [
+        Route("/admin/workers", Endpoint(list_workers), methods=["GET"]),
+        Route("/admin/workers/{name}", Endpoint(get_worker), methods=["GET"]),
+        Route("/admin/workers/{name}/drain", Endpoint(drain), methods=["POST"]),
+        Route("/admin/workers/{name}/undrain", Endpoint(undrain), methods=["POST"]),
+        Route("/admin/workers/{name}/restart", Endpoint(restart), methods=["POST"]),
+        Route("/admin/reload", Endpoint(reload), methods=["POST"]),
+        Route("/admin/queue", Endpoint(queue), methods=["GET"]),
+    ]

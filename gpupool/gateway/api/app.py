@@ -1,0 +1,87 @@
+"""``create_app(config)``: the only place the HTTP application is assembled."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.routing import Route
+from starlette.types import ASGIApp
+
+from gpupool.config.models import GpupoolConfig
+from gpupool.gateway.api import admin_routes, openai_routes
+from gpupool.gateway.api.endpoint import Endpoint, services
+from gpupool.gateway.api.errors import gateway_error, http_error, unexpected_error
+from gpupool.gateway.api.middleware import RequestIdMiddleware
+from gpupool.gateway.api.openapi import openapi_schema
+from gpupool.gateway.api.responses import ReplyResponse
+from gpupool.gateway.errors import GatewayError
+from gpupool.gateway.reply import Reply
+from gpupool.gateway.services import Services, build_services
+
+
+async def health(request: Request) -> ASGIApp:
+    return ReplyResponse(Reply(200, [("content-type", "application/json")], b""))
+
+
+async def ready(request: Request) -> ASGIApp:
+    svc = services(request)
+    missing = [m.name for m in svc.cfg.models if not svc.registry.ready_of_model(m.name)]
+    status = 503 if missing else 200
+    return ReplyResponse(Reply.json(status, {"ready": not missing, "missing_models": missing}))
+
+
+async def metrics(request: Request) -> ASGIApp:
+    body = services(request).metrics.exposition()
+    ctype = "text/plain; version=0.0.4; charset=utf-8"
+    return ReplyResponse(Reply(200, [("content-type", ctype)], body))
+
+
+async def openapi(request: Request) -> ASGIApp:
+    return ReplyResponse(Reply.json(200, openapi_schema()))
+
+
+def create_app(
+    cfg: GpupoolConfig,
+    *,
+    config_path: str | Path | None = None,
+    svc: Services | None = None,
+) -> Starlette:
+    """Build the gateway. ``svc`` lets tests pass services built with fakes.
+
+    Services are built inside the lifespan, on the server's event loop.
+    """
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        built = svc or build_services(cfg, config_path=config_path)
+        app.state.services = built
+        await built.start()
+        try:
+            yield
+        finally:
+            await built.close()
+
+    app = Starlette(
+        routes=[
+            Route("/health", Endpoint(health), methods=["GET"]),
+            Route("/ready", Endpoint(ready), methods=["GET"]),
+            Route("/metrics", Endpoint(metrics), methods=["GET"]),
+            Route("/openapi.json", Endpoint(openapi), methods=["GET"]),
+            *openai_routes.routes(),
+            *admin_routes.routes(),
+        ],
+        middleware=[Middleware(RequestIdMiddleware)],
+        exception_handlers={
+            GatewayError: gateway_error,
+            HTTPException: http_error,
+            Exception: unexpected_error,
+        },
+        lifespan=lifespan,
+    )
+    return app

@@ -1,0 +1,42 @@
+"""A thin endpoint wrapper: handler(request) -> ASGI response, with the services at hand."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, cast
+
+from starlette.requests import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gpupool.gateway.api.middleware import read_body
+
+if TYPE_CHECKING:
+    from gpupool.gateway.services import Services
+
+Handler = Callable[[Request], Awaitable[ASGIApp]]
+
+
+class Endpoint:
+    """Starlette calls classes as plain ASGI apps: no extra wrapping on the hot path."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = await self.handler(Request(scope, receive))
+        await response(scope, receive, send)
+
+
+def services(request: Request) -> Services:
+    return cast("Services", request.app.state.services)
+
+
+async def body(request: Request) -> bytes:
+    svc = services(request)
+    declared = request.headers.get("content-length")
+    size = int(declared) if declared and declared.isdigit() else None
+    return await read_body(request.receive, svc.cfg.server.max_body_bytes, size)
+
+
+def request_id(request: Request) -> str:
+    return str(request.scope.get("state", {}).get("request_id", ""))

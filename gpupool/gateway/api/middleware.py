@@ -1,0 +1,57 @@
+"""Pure ASGI middleware: request ids and body size limits. No BaseHTTPMiddleware."""
+
+from __future__ import annotations
+
+import uuid
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gpupool.gateway.errors import PayloadTooLarge
+
+
+class RequestIdMiddleware:
+    """Every request has an ``x-request-id`` (the client's, or a new one), echoed back."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = b""
+        for k, v in scope["headers"]:
+            if k == b"x-request-id":
+                rid = v[:128]
+                break
+        if not rid:
+            rid = uuid.uuid4().hex.encode()
+            scope["headers"] = [*scope["headers"], (b"x-request-id", rid)]
+        scope.setdefault("state", {})["request_id"] = rid.decode("latin-1")
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", rid)]
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes:
+    """The whole request body, refusing more than ``limit`` bytes (413)."""
+    if declared is not None and declared > limit:
+        raise PayloadTooLarge(f"Request body larger than {limit} bytes.")
+    chunks: list[bytes] = []
+    size = 0
+    more = True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"Request body larger than {limit} bytes.")
+        chunks.append(chunk)
+        more = message.get("more_body", False)
+    return b"".join(chunks)

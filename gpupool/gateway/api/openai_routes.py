@@ -1,0 +1,94 @@
+"""OpenAI-compatible routes: parse, call the proxy, return. Nothing else lives here."""
+
+from __future__ import annotations
+
+import hashlib
+
+from starlette.requests import Request
+from starlette.routing import Route
+from starlette.types import ASGIApp
+
+from gpupool.gateway.api.endpoint import Endpoint, body, request_id, services
+from gpupool.gateway.api.responses import ReplyResponse
+from gpupool.gateway.errors import InvalidBody
+from gpupool.gateway.parse import Generate, parse_generate, parse_model_only
+from gpupool.gateway.proxy import Context
+from gpupool.gateway.reply import Reply
+
+
+def _header_number(request: Request, name: str) -> float | None:
+    value = request.headers.get(name)
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise InvalidBody(f"Header `{name}` must be a number.") from None
+
+
+def _tenant(request: Request) -> str:
+    state = request.scope.get("state", {})
+    if "tenant" in state:
+        return str(state["tenant"])
+    key = request.headers.get("authorization") or request.headers.get("x-api-key")
+    return hashlib.sha256(key.encode()).hexdigest()[:16] if key else "anonymous"
+
+
+def context(request: Request, req: Generate | None = None) -> Context:
+    rid = request_id(request)
+    prio = _header_number(request, "x-gpupool-priority")
+    priority = int(prio) if prio is not None else (req.priority if req and req.priority else 0)
+    state = request.scope.get("state", {})
+    lo, hi = state.get("priority_range", (None, None))
+    if lo is not None:
+        priority = min(max(priority, lo), hi)
+    headers = {"content-type": "application/json", "x-request-id": rid}
+    return Context(rid, _tenant(request), priority, _header_number(request, "x-gpupool-max-wait"),
+                   headers)  # fmt: skip
+
+
+def _generate(path: str, chat: bool) -> Endpoint:
+    async def handler(request: Request) -> ASGIApp:
+        svc = services(request)
+        req = parse_generate(await body(request), chat=chat,
+                             max_depth=svc.cfg.server.max_json_depth)  # fmt: skip
+        request.scope.setdefault("state", {})["model"] = req.model
+        return ReplyResponse(await svc.proxy.generate(path, req, context(request, req)))
+
+    return Endpoint(handler)
+
+
+def _passthrough(path: str) -> Endpoint:
+    async def handler(request: Request) -> ASGIApp:
+        svc = services(request)
+        raw = await body(request)
+        _, model = parse_model_only(raw, svc.cfg.server.max_json_depth)
+        reply = await svc.proxy.passthrough("POST", path, raw, model, context(request))
+        return ReplyResponse(reply)
+
+    return Endpoint(handler)
+
+
+async def list_models(request: Request) -> ASGIApp:
+    svc = services(request)
+    cards = svc.catalog.cards(svc.registry)
+    return ReplyResponse(Reply.json(200, {"object": "list", "data": cards}))
+
+
+async def get_model(request: Request) -> ASGIApp:
+    svc = services(request)
+    card = svc.catalog.card(request.path_params["model_id"], svc.registry)
+    return ReplyResponse(Reply.json(200, card))
+
+
+def routes() -> list[Route]:
+    return [
+        Route("/v1/chat/completions", _generate("/v1/chat/completions", True), methods=["POST"]),
+        Route("/v1/completions", _generate("/v1/completions", False), methods=["POST"]),
+        Route("/v1/models", Endpoint(list_models), methods=["GET"]),
+        Route("/v1/models/{model_id:path}", Endpoint(get_model), methods=["GET"]),
+        *(
+            Route(p, _passthrough(p), methods=["POST"])
+            for p in ("/v1/embeddings", "/v1/responses", "/tokenize", "/detokenize")
+        ),
+    ]

@@ -1,0 +1,203 @@
+"""Relaying a worker's answer to the client: whole bodies and SSE streams.
+
+Streams pass upstream bytes through untouched unless a transform (reasoning split or rename) is
+configured; then events are parsed and re-framed. A stream never ends silently: a worker that
+dies mid-stream yields vLLM's in-stream error event and ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Coroutine
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from gpupool.gateway.admission.base import Lease
+from gpupool.gateway.errors import GatewayError, UpstreamError
+from gpupool.gateway.metrics import Metrics
+from gpupool.gateway.reply import Reply
+from gpupool.gateway.transform.chat import (
+    ChatStreamTransformer,
+    TransformOptions,
+    transform_chat_response,
+)
+from gpupool.gateway.transform.sse import frame, iter_events
+from gpupool.gateway.upstream.client import UpstreamFailure, UpstreamResponse
+
+if TYPE_CHECKING:
+    from gpupool.gateway.proxy import Attempt, Context, Proxy
+
+_DONE = b"data: [DONE]\n\n"
+
+
+@dataclass(slots=True)
+class StreamPlan:
+    attempt: Attempt
+    ctx: Context
+    transform: TransformOptions | None
+    started: float
+
+
+class Relay:
+    def __init__(self, proxy: Proxy, metrics: Metrics) -> None:
+        self.proxy = proxy
+        self.metrics = metrics
+        self._background: set[asyncio.Task[None]] = set()
+
+    def _soon(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run cleanup that must finish even when the caller is being cancelled."""
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _headers(self, resp: UpstreamResponse, lease: Lease) -> list[tuple[str, str]]:
+        headers = resp.headers
+        if self.proxy.cfg.server.expose_worker_header:
+            headers = [*headers, ("x-gpupool-worker", lease.worker)]
+        return headers
+
+    def _observe(self, plan: StreamPlan, lease: Lease, status: int | str) -> None:
+        model = plan.attempt.model.name
+        self.metrics.requests.labels(model, lease.worker, str(status)).inc()
+        elapsed = time.monotonic() - plan.started
+        self.metrics.latency.labels(model, lease.worker).observe(elapsed)
+        if status == 200:
+            self.proxy.router.served(plan.attempt.route, lease.worker)
+            w = self.proxy.registry.get(lease.worker)
+            if w is not None:
+                w.consecutive_failures = 0
+
+    def _usage(self, plan: StreamPlan, lease: Lease, usage: object) -> None:
+        if not isinstance(usage, dict):
+            return
+        for kind in ("prompt", "completion"):
+            n = usage.get(f"{kind}_tokens")
+            if isinstance(n, int) and n > 0:
+                self.metrics.tokens.labels(plan.attempt.model.name, lease.worker, kind).inc(n)
+
+    # ---- whole bodies ----------------------------------------------------------------------
+
+    async def whole(self, plan: StreamPlan, lease: Lease) -> Reply:
+        resp, lease, data = await self.proxy.dispatch(plan.attempt, lease, plan.ctx)
+        try:
+            if data is None:
+                data = await resp.read()
+            if resp.status == 200:
+                data = self._finish_body(plan, lease, data)
+            self._observe(plan, lease, resp.status)
+            return Reply(resp.status, self._headers(resp, lease), data)
+        except UpstreamFailure as e:
+            self._observe(plan, lease, "upstream_error")
+            raise UpstreamError(f"The worker failed before answering: {e}.") from None
+        finally:
+            await self.proxy.release(lease)
+
+    def _finish_body(self, plan: StreamPlan, lease: Lease, data: bytes) -> bytes:
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return data
+        if not isinstance(obj, dict):
+            return data
+        self._usage(plan, lease, obj.get("usage"))
+        if plan.transform is None:
+            return data
+        return orjson.dumps(transform_chat_response(obj, plan.transform))
+
+    # ---- streams ---------------------------------------------------------------------------
+
+    async def stream(self, plan: StreamPlan, lease: Lease) -> Reply:
+        resp, lease, data = await self.proxy.dispatch(plan.attempt, lease, plan.ctx)
+        if data is not None:
+            self._observe(plan, lease, resp.status)
+            await self.proxy.release(lease)
+            return Reply(resp.status, self._headers(resp, lease), data)
+        return Reply(resp.status, self._headers(resp, lease), stream=self._relay(plan, resp, lease))
+
+    async def queued(
+        self, plan: StreamPlan, task: asyncio.Future[Lease], positions: asyncio.Queue[int]
+    ) -> AsyncIterator[bytes]:
+        """A stream that waits in the queue first, telling the client its position."""
+        try:
+            yield b": queued\n\n"
+            while not task.done():
+                getter: asyncio.Future[int] = asyncio.ensure_future(positions.get())
+                waiting: set[asyncio.Future[Any]] = {task, getter}
+                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    yield f": queued position={getter.result()}\n\n".encode()
+                else:
+                    getter.cancel()
+            resp, lease, data = await self.proxy.dispatch(plan.attempt, task.result(), plan.ctx)
+        except GatewayError as e:
+            yield e.sse_event()
+            return
+        finally:
+            if not task.done():
+                task.cancel()  # the client left while queued: never executed
+        if data is not None:
+            self._observe(plan, lease, resp.status)
+            self._soon(self.proxy.release(lease))
+            yield b"data: " + data + b"\n\ndata: [DONE]\n\n"
+            return
+        async for chunk in self._relay(plan, resp, lease):
+            yield chunk
+
+    async def _relay(
+        self, plan: StreamPlan, resp: UpstreamResponse, lease: Lease
+    ) -> AsyncIterator[bytes]:
+        model, worker = plan.attempt.model.name, lease.worker
+        ttft, itl = self.metrics.ttft.labels(model, worker), self.metrics.itl.labels(model, worker)
+        transformer = ChatStreamTransformer(plan.transform) if plan.transform else None
+        buf = bytearray()
+        last, tail, status = 0.0, b"", "200"
+        try:
+            async for chunk in resp.iter_raw():
+                now = time.monotonic()
+                (itl.observe(now - last) if last else ttft.observe(now - plan.started))
+                last = now
+                if b'"usage"' in chunk:
+                    self._stream_usage(plan, lease, chunk)
+                if transformer is not None:
+                    chunk = _transform(transformer, buf, chunk)
+                tail = (tail + chunk)[-16:]
+                if chunk:
+                    yield chunk
+            if not tail.endswith(_DONE):
+                status = "truncated"
+                yield UpstreamError("The worker ended the stream early.").sse_event()
+        except UpstreamFailure as e:
+            status = "upstream_error"
+            yield UpstreamError(f"The worker failed mid-stream ({e}).").sse_event()
+        finally:
+            resp.close()
+            self._observe(plan, lease, 200 if status == "200" else status)
+            self._soon(self.proxy.release(lease))
+
+    def _stream_usage(self, plan: StreamPlan, lease: Lease, chunk: bytes) -> None:
+        for line in chunk.split(b"\n"):
+            if line.startswith(b"data: {") and b'"usage"' in line:
+                with contextlib.suppress(orjson.JSONDecodeError, AttributeError):
+                    self._usage(plan, lease, orjson.loads(line[6:]).get("usage"))
+
+
+def _transform(t: ChatStreamTransformer, buf: bytearray, chunk: bytes) -> bytes:
+    out = bytearray()
+    for payload in iter_events(buf, chunk):
+        if payload.startswith(b":"):
+            out += payload + b"\n\n"
+        elif payload == b"[DONE]":
+            out += b"".join(frame(o) for o in t.finish())
+            out += _DONE
+        else:
+            try:
+                obj = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                out += b"data: " + payload + b"\n\n"
+                continue
+            out += b"".join(frame(o) for o in t.feed(obj)) if isinstance(obj, dict) else b""
+    return bytes(out)

@@ -1,0 +1,105 @@
+"""Which workers may serve a request, best first. Pure: no I/O, no HTTP.
+
+Candidates are the ready workers of the model whose window holds the prompt, whose window is at
+least ``max_tokens`` (vLLM rejects larger), and whose media limits admit the request. They are
+ranked by load band (quarters of capacity), then vLLM's own waiting queue and KV-cache usage, then
+the smallest window that fits, so that short requests keep long-context capacity free. A prefix
+affinity hit moves its worker to the front while that worker is not overloaded, so vLLM's prefix
+cache is reused.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from gpupool.workers.registry import Worker
+
+
+@dataclass(slots=True, frozen=True)
+class RouteRequest:
+    model: str
+    prompt_tokens: int  # exact count, or an upper bound when ``exact`` is False
+    exact: bool
+    max_tokens: int | None = None
+    image: int = 0
+    video: int = 0
+    audio: int = 0
+    prefix_key: int | None = None
+
+
+@dataclass(slots=True)
+class Decision:
+    candidates: list[Worker]
+    # Set when no candidate exists: why (for the error message).
+    too_long_for: int | None = None  # the largest window among ready workers
+    media_refused: bool = False
+
+
+def fits(worker: Worker, req: RouteRequest) -> bool:
+    window = worker.window
+    if window is None:
+        return not req.exact  # unknown window: only a cheap guess may try it
+    return req.prompt_tokens < window
+
+
+def _rank_key(w: Worker) -> tuple[float, float, float, int, str]:
+    band = min(w.load, 1.0) // 0.25
+    kv_band = w.kv_usage // 0.25
+    return (band, w.vllm_waiting, kv_band, w.window or 0, w.name)
+
+
+class AffinityTable:
+    """Bounded LRU map from a conversation prefix to the worker that served it last."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._map: OrderedDict[int, str] = OrderedDict()
+
+    def get(self, key: int) -> str | None:
+        name = self._map.get(key)
+        if name is not None:
+            self._map.move_to_end(key)
+        return name
+
+    def put(self, key: int, worker: str) -> None:
+        self._map[key] = worker
+        self._map.move_to_end(key)
+        if len(self._map) > self._size:
+            self._map.popitem(last=False)
+
+
+class Router:
+    def __init__(self, affinity_max_load: float = 0.75, prefix_affinity: bool = True) -> None:
+        self.affinity = AffinityTable()
+        self._affinity_max_load = affinity_max_load
+        self._use_affinity = prefix_affinity
+
+    def decide(self, req: RouteRequest, ready: list[Worker]) -> Decision:
+        media_ok = [w for w in ready if w.media.admits(req.image, req.video, req.audio)]
+        if ready and not media_ok:
+            return Decision([], media_refused=True)
+        fitting = [w for w in media_ok if fits(w, req)]
+        if not fitting:
+            windows = [w.window for w in media_ok if w.window is not None]
+            return Decision([], too_long_for=max(windows) if windows else None)
+        if req.max_tokens is not None:
+            roomy = [w for w in fitting if w.window is None or req.max_tokens <= w.window]
+            fitting = roomy or sorted(fitting, key=lambda w: -(w.window or 0))[:1]
+        fitting.sort(key=_rank_key)
+        return Decision(self._apply_affinity(req, fitting))
+
+    def _apply_affinity(self, req: RouteRequest, ranked: list[Worker]) -> list[Worker]:
+        if not self._use_affinity or req.prefix_key is None:
+            return ranked
+        name = self.affinity.get(req.prefix_key)
+        if name is None:
+            return ranked
+        for i, w in enumerate(ranked):
+            if w.name == name and w.load < self._affinity_max_load:
+                return [w, *ranked[:i], *ranked[i + 1 :]]
+        return ranked
+
+    def served(self, req: RouteRequest, worker: str) -> None:
+        if self._use_affinity and req.prefix_key is not None:
+            self.affinity.put(req.prefix_key, worker)

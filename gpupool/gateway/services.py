@@ -1,0 +1,163 @@
+"""The one typed object that holds the gateway's services, built from the configuration.
+
+``create_app`` builds it in its lifespan and closes it on shutdown; tests build it the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpupool.config import ConfigError, load_config
+from gpupool.config.models import GpupoolConfig, ModelConfig, WorkerConfig
+from gpupool.gateway.admission.base import Admission
+from gpupool.gateway.admission.factory import build_admission
+from gpupool.gateway.catalog import Catalog
+from gpupool.gateway.errors import BadRequest
+from gpupool.gateway.metrics import Metrics
+from gpupool.gateway.proxy import Proxy
+from gpupool.gateway.routing.policy import Router
+from gpupool.gateway.upstream.client import UpstreamClient
+from gpupool.workers.registry import MediaCaps, Registry, Worker, WorkerState
+from gpupool.workers.remote import RemotePoller
+from gpupool.workers.supervisor.command import capacity_of, media_limits_of
+from gpupool.workers.supervisor.supervisor import Supervisor
+
+log = logging.getLogger("gpupool")
+
+
+class RegistryView:
+    """What admission may know about workers."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+
+    def capacity(self, worker: str) -> int:
+        w = self.registry.get(worker)
+        return w.capacity if w is not None else 0
+
+    def available(self, worker: str) -> bool:
+        w = self.registry.get(worker)
+        return w is not None and w.routable
+
+
+def make_worker(wc: WorkerConfig, model: ModelConfig, default_capacity: int) -> Worker:
+    capacity = wc.max_inflight or capacity_of(wc) or default_capacity
+    if model.limits is not None:
+        media = MediaCaps(model.limits.image, model.limits.video, model.limits.audio)
+    elif wc.launch is not None:
+        media = media_limits_of(wc)
+    else:
+        media = MediaCaps()
+    return Worker(
+        name=wc.name,
+        model=wc.model,
+        url=wc.url,
+        supervised=wc.launch is not None,
+        capacity=capacity,
+        max_model_len_override=wc.max_model_len,
+        media=media,
+        gpus=wc.launch.gpus if wc.launch else None,
+    )
+
+
+@dataclass
+class Services:
+    cfg: GpupoolConfig
+    registry: Registry
+    catalog: Catalog
+    metrics: Metrics
+    client: UpstreamClient
+    admission: Admission
+    proxy: Proxy
+    poller: RemotePoller
+    supervisor: Supervisor
+    replica_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    restarts_seen: dict[str, int] = field(default_factory=dict)
+    config_path: str | Path | None = None
+
+    async def start(self) -> None:
+        await self.admission.start()
+        await self.poller.start()
+        await self.supervisor.start()
+
+    async def drain(self, worker: Worker, timeout_s: float) -> None:
+        if worker.supervised:
+            await self.supervisor.drain(worker.name, timeout_s)
+            return
+        self.registry.transition(worker, WorkerState.draining)
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while worker.inflight and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)  # in-flight counts live in the registry, polled
+        self.registry.transition(worker, WorkerState.stopped)
+
+    async def undrain(self, worker: Worker) -> None:
+        if worker.supervised:
+            await self.supervisor.undrain(worker.name)
+            return
+        self.registry.transition(worker, WorkerState.starting)
+        await self.poller.check(worker)
+
+    async def reload(self) -> dict[str, list[str]]:
+        """Re-read the config file: add, remove and replace changed workers; keep the rest."""
+        if self.config_path is None:
+            raise BadRequest("This gateway was not started from a config file.")
+        try:
+            new = load_config(self.config_path)
+        except ConfigError as e:
+            raise BadRequest(f"The new configuration is invalid: {e}") from None
+        from gpupool.gateway.reload import apply_reload
+
+        return await apply_reload(self, new)
+
+    async def close(self) -> None:
+        await self.supervisor.stop()
+        await self.poller.close()
+        await self.admission.close()
+        await self.client.close()
+
+    def on_worker_change(self, worker: Worker, old: WorkerState) -> None:
+        self.metrics.worker_state(worker.model, worker.name, worker.state.value)
+        self.metrics.capacity.labels(worker.model, worker.name).set(worker.capacity)
+        seen = self.restarts_seen.get(worker.name, 0)
+        if worker.restarts > seen:
+            self.metrics.restarts.labels(worker.model, worker.name).inc(worker.restarts - seen)
+            self.restarts_seen[worker.name] = worker.restarts
+        log.info("worker %s: %s -> %s", worker.name, old.value, worker.state.value)
+        if worker.state is WorkerState.ready:
+            self.admission.poke(worker.name)
+
+
+def build_services(
+    cfg: GpupoolConfig,
+    admission: Admission | None = None,
+    config_path: str | Path | None = None,
+) -> Services:
+    registry = Registry()
+    for wc in cfg.workers:
+        registry.add(make_worker(wc, cfg.model(wc.model), cfg.routing.default_capacity))
+    metrics = Metrics()
+    server = cfg.server
+    client = UpstreamClient(server.upstream_connect_timeout_s, server.upstream_read_timeout_s)
+    replica = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+    admission = admission or build_admission(cfg.queue, RegistryView(registry), replica)
+    catalog = Catalog(cfg.models)
+    router = Router(cfg.routing.affinity_max_load, cfg.routing.prefix_affinity)
+    proxy = Proxy(cfg, registry, catalog, router, admission, client, metrics)
+    poller = RemotePoller(registry, client.session, cfg.routing)
+    launched = [wc for wc in cfg.workers if wc.launch is not None]
+    supervisor = Supervisor(registry, launched, cfg.server, client.session)
+    services = Services(
+        cfg, registry, catalog, metrics, client, admission, proxy, poller, supervisor, replica,
+        config_path=config_path,
+    )  # fmt: skip
+    registry.on_change(services.on_worker_change)
+    for w in registry:
+        metrics.worker_state(w.model, w.name, w.state.value)
+        metrics.capacity.labels(w.model, w.name).set(w.capacity)
+    return services

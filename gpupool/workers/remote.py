@@ -1,0 +1,78 @@
+"""The poller for ``url:`` workers: health checks, windows, and vLLM load scrapes.
+
+A worker is taken out (``failed``, with ``last_error``) after ``fail_threshold`` failed checks
+in a row and put back (``ready``) as soon as a check passes again. Launched workers are the
+supervisor's; this poller only scrapes their load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import aiohttp
+
+from gpupool.config.models import RoutingConfig
+from gpupool.workers.probe import probe, scrape_load
+from gpupool.workers.registry import Registry, Worker, WorkerState
+
+
+class RemotePoller:
+    def __init__(
+        self, registry: Registry, session: aiohttp.ClientSession, cfg: RoutingConfig
+    ) -> None:
+        self.registry = registry
+        self.session = session
+        self.cfg = cfg
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        await self.check_all()
+        self._tasks = [
+            asyncio.create_task(self._loop(self.check_all, self.cfg.health_interval_s)),
+            asyncio.create_task(self._loop(self.scrape_all, self.cfg.metrics_interval_s)),
+        ]
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks = []
+
+    async def _loop(self, step: object, interval: float) -> None:
+        assert callable(step)
+        while True:
+            await asyncio.sleep(interval)
+            await step()
+
+    async def check_all(self) -> None:
+        workers = [w for w in self.registry if not w.supervised and w.url]
+        await asyncio.gather(*(self.check(w) for w in workers))
+
+    async def check(self, w: Worker) -> None:
+        if w.state in (WorkerState.draining, WorkerState.stopped) or w.url is None:
+            return
+        result = await probe(self.session, w.url, w.model)
+        if result.ready:
+            w.consecutive_failures = 0
+            w.max_model_len = result.max_model_len
+            if w.state is not WorkerState.ready:
+                w.last_error = None
+                self.registry.transition(w, WorkerState.ready)
+            return
+        w.consecutive_failures += 1
+        w.last_error = result.error
+        if w.state is WorkerState.ready and w.consecutive_failures >= self.cfg.fail_threshold:
+            self.registry.transition(w, WorkerState.failed)
+
+    async def scrape_all(self) -> None:
+        workers = [w for w in self.registry if w.routable]
+        await asyncio.gather(*(self.scrape(w) for w in workers))
+
+    async def scrape(self, w: Worker) -> None:
+        assert w.url is not None
+        load = await scrape_load(self.session, w.url)
+        if load is not None:
+            w.vllm_waiting, w.vllm_running, w.kv_usage = load.waiting, load.running, load.kv_usage

@@ -1,0 +1,39 @@
+"""A block-hash prefix cache with LRU eviction, enough to make prefix hits observable."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+BLOCK_SIZE = 16
+
+
+class PrefixCache:
+    def __init__(self, num_blocks: int, block_size: int = BLOCK_SIZE) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+
+    def query(self, pieces: list[str]) -> int:
+        """Cached tokens for this prompt (a leading run of full blocks); remembers its blocks."""
+        size = self.block_size
+        full = (len(pieces) - 1) // size  # the last token is always computed
+        chain = 0
+        hits = 0
+        hitting = True
+        for start in range(0, full * size, size):
+            chain = hash((chain, "".join(pieces[start : start + size])))
+            if hitting and chain in self._blocks:
+                self._blocks.move_to_end(chain)
+                hits += size
+                continue
+            hitting = False
+            self._insert(chain)
+        return hits
+
+    def _insert(self, key: int) -> None:
+        self._blocks[key] = None
+        if len(self._blocks) > self.num_blocks:
+            self._blocks.popitem(last=False)
+
+    def clear(self) -> None:
+        self._blocks.clear()

@@ -1,0 +1,227 @@
+"""The simulated engine: capacity (``max_num_seqs``), timing, KV usage, stats and metrics.
+
+No HTTP here. A request *runs* between :meth:`Engine.running`'s enter and exit: it takes a slot
+(waiting in FIFO order when all are busy), its tokens are paced with :meth:`Run.pace`, and the
+slot is given back on exit, counted as an abort when the body raised or was cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from gpupool.workers.sim.cache import BLOCK_SIZE, PrefixCache
+from gpupool.workers.sim.config import SimConfig
+from gpupool.workers.sim.faults import Knobs
+from gpupool.workers.sim.metrics import SimMetrics
+
+
+@dataclass(slots=True)
+class Admission:
+    """What the engine needs to know about a request."""
+
+    tracking_id: str
+    prompt_pieces: list[str]
+    planned_tokens: int
+    hold_s: float = 0.0
+    arrival: float = 0.0
+
+
+@dataclass(slots=True)
+class Stats:
+    peak_running: int = 0
+    requests_total: int = 0
+    aborted_total: int = 0
+    completed_total: int = 0
+    request_ids: list[str] = field(default_factory=list)
+
+
+class Slots:
+    """A FIFO semaphore that can tell whether taking a slot would wait."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.running = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    @property
+    def free(self) -> bool:
+        return self.running < self.limit and not self._waiters
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    async def take(self) -> None:
+        if self.free:
+            self.running += 1
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await fut  # a releasing request hands its slot over: running stays the same
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release()
+            else:
+                self._waiters.remove(fut)
+            raise
+
+    def release(self) -> None:
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+        self.running -= 1
+
+
+class Engine:
+    def __init__(self, config: SimConfig, knobs: Knobs) -> None:
+        self.knobs = knobs
+        self.slots = Slots(config.max_num_seqs)
+        self.stats = Stats()
+        blocks_per_seq = math.ceil(config.max_model_len / BLOCK_SIZE)
+        self.cache = PrefixCache(config.max_num_seqs * blocks_per_seq)
+        self._kv_capacity = self.cache.num_blocks * BLOCK_SIZE
+        self._kv_tokens = 0
+        self.metrics = SimMetrics(
+            config.served_names[0],
+            running=lambda: float(self.slots.running),
+            waiting=lambda: float(self.slots.waiting),
+            kv_usage=lambda: min(1.0, self._kv_tokens / self._kv_capacity),
+        )
+
+    def would_block(self, hold_s: float) -> bool:
+        """True when running a request now would await anything (a slot, a delay, a hang)."""
+        k = self.knobs
+        return k.hang or k.ttft_ms > 0 or k.itl_ms > 0 or hold_s > 0 or not self.slots.free
+
+    def running(self, adm: Admission) -> Running:
+        """``async with engine.running(adm) as run:`` holds a slot for the body's duration."""
+        return Running(self, adm)
+
+    def _begin(self, adm: Admission) -> Run:
+        now = time.monotonic()
+        stats = self.stats
+        stats.request_ids.append(adm.tracking_id)
+        stats.peak_running = max(stats.peak_running, self.slots.running)
+        m = self.metrics
+        m.queue_time.observe(now - adm.arrival if adm.arrival else 0.0)
+        prompt = len(adm.prompt_pieces)
+        counters = m.counters
+        counters["prompt_tokens"] += prompt
+        counters["prefix_cache_queries"] += prompt
+        counters["prefix_cache_hits"] += self.cache.query(adm.prompt_pieces)
+        self._kv_tokens += prompt + adm.planned_tokens
+        k = self.knobs
+        return Run(self, adm, now, k.ttft_ms / 1000.0, k.itl_ms / 1000.0)
+
+    def _end(self, run: Run, reasons: Sequence[str]) -> None:
+        self.slots.release()
+        self._kv_tokens -= len(run.adm.prompt_pieces) + run.adm.planned_tokens
+        m = self.metrics
+        for reason in reasons:
+            m.success[reason] += 1
+        m.counters["generation_tokens"] += run.generated
+        m.e2e.observe(time.monotonic() - (run.adm.arrival or run.started))
+        if reasons[0] == "abort":
+            self.stats.aborted_total += 1
+        else:
+            self.stats.completed_total += 1
+
+    def reset_stats(self) -> None:
+        self.stats = Stats(peak_running=self.slots.running)
+
+    def stats_payload(self) -> dict[str, Any]:
+        s = self.stats
+        return {
+            "running": self.slots.running,
+            "waiting": self.slots.waiting,
+            "peak_running": s.peak_running,
+            "requests_total": s.requests_total,
+            "aborted_total": s.aborted_total,
+            "completed_total": s.completed_total,
+            "request_ids": s.request_ids,
+        }
+
+
+class Running:
+    """The context manager of :meth:`Engine.running`; an exception in the body is an abort."""
+
+    __slots__ = ("_adm", "_engine", "_run")
+
+    def __init__(self, engine: Engine, adm: Admission) -> None:
+        self._engine = engine
+        self._adm = adm
+        self._run: Run | None = None
+
+    async def __aenter__(self) -> Run:
+        await self._engine.slots.take()
+        self._run = self._engine._begin(self._adm)
+        return self._run
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        run = self._run
+        assert run is not None
+        reasons = ["abort"] if exc_type is not None else (run.finish_reasons or ["stop"])
+        self._engine._end(run, reasons)
+
+
+class Run:
+    """One request holding a slot: paces its tokens and records what it generated."""
+
+    __slots__ = (
+        "_due0",
+        "_itl",
+        "_last",
+        "adm",
+        "engine",
+        "finish_reasons",
+        "generated",
+        "started",
+    )
+
+    def __init__(self, engine: Engine, adm: Admission, started: float, ttft: float, itl: float):
+        self.engine = engine
+        self.adm = adm
+        self.started = started
+        self._due0 = started + adm.hold_s + ttft
+        self._itl = itl
+        self._last = 0.0
+        self.generated = 0
+        self.finish_reasons: list[str] = []
+
+    async def pace(self, step: int) -> None:
+        """Wait until token ``step`` (0-based, per choice) is due; record TTFT / ITL."""
+        await self.engine.knobs.wait_unhung()
+        delay = self._due0 + step * self._itl - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        now = time.monotonic()
+        m = self.engine.metrics
+        if step == 0:
+            m.ttft.observe(now - (self.adm.arrival or self.started))
+        else:
+            m.itl.observe(now - self._last)
+        self._last = now
+
+    async def pace_all(self, steps: int) -> None:
+        """Wait until the last of ``steps`` tokens is due (a non-streaming request)."""
+        await self.engine.knobs.wait_unhung()
+        delay = self._due0 + max(steps - 1, 0) * self._itl - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        first = min(self._due0, time.monotonic())
+        self.engine.metrics.ttft.observe(first - (self.adm.arrival or self.started))

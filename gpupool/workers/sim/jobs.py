@@ -1,0 +1,192 @@
+"""From a validated request to a :class:`Job`: the checks vLLM runs before generating
+(model name, ``max_tokens``, context length), the rendered prompt and the planned outputs."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpupool.workers.sim.config import SimConfig
+from gpupool.workers.sim.engine import Admission
+from gpupool.workers.sim.errors import BadRequest, ModelNotFound
+from gpupool.workers.sim.protocol import ChatRequest, CompletionRequest
+from gpupool.workers.sim.text import Output, TextSource
+from gpupool.workers.sim.tokenize import (
+    Tokenizer,
+    UnknownTokenId,
+    content_text,
+    last_user_text,
+    render_chat,
+)
+
+
+@dataclass(slots=True)
+class Meta:
+    """What the transport learned from the request line and headers."""
+
+    request_id: str | None = None
+    hold_s: float = 0.0
+    arrival: float = 0.0
+
+
+@dataclass(slots=True)
+class Job:
+    response_id: str
+    created: int
+    model: str
+    prompt: str
+    prompt_tokens: int
+    outputs: list[Output]
+    admission: Admission
+    include_usage: bool = False
+    continuous_usage: bool = False
+    thinking: bool | None = None  # None: no reasoning parser
+    include_reasoning: bool = True
+    late_error: BadRequest | None = None  # raised by the engine, after rendering
+
+    @property
+    def steps(self) -> int:
+        return max(1, max(len(o.pieces) for o in self.outputs))
+
+    @property
+    def generated(self) -> int:
+        return sum(len(o.pieces) for o in self.outputs)
+
+    @property
+    def finish_reasons(self) -> list[str]:
+        return [o.finish_reason for o in self.outputs]
+
+
+class JobBuilder:
+    def __init__(self, config: SimConfig, tokenizer: Tokenizer, text: TextSource) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.text = text
+        self.names = config.served_names
+
+    def check_model(self, model: str | None) -> None:
+        if model and model not in self.names:
+            raise ModelNotFound(model, self.names)
+
+    def chat(self, req: ChatRequest, meta: Meta) -> Job:
+        self.check_model(req.model)
+        if req.continue_final_message and req.add_generation_prompt:
+            raise BadRequest(
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+            )
+        param, requested = req.output_limit
+        _check_n(req.n)
+        prompt = render_chat(req.messages, req.add_generation_prompt, req.continue_final_message)
+        pieces = self.tokenizer.pieces(prompt)
+        budget, late = self._budget(len(pieces), param, requested)
+        prefix = _final_assistant_text(req.messages) if req.continue_final_message else ""
+        echo = last_user_text(req.messages)
+        outputs = [self.text.plan(echo, budget, i, prefix) for i in range(req.n)]
+        parser_on = self.config.reasoning_parser is not None
+        job = self._job("chatcmpl-", prompt, pieces, outputs, meta)
+        job.include_usage, job.continuous_usage = req.include_usage, req.continuous_usage
+        job.thinking = req.enable_thinking if parser_on else None
+        job.include_reasoning = req.include_reasoning
+        job.late_error = late
+        return job
+
+    def completion(self, req: CompletionRequest, meta: Meta) -> Job:
+        self.check_model(req.model)
+        _check_n(req.n)
+        prompts = self._prompts(req.prompt)
+        outputs: list[Output] = []
+        all_pieces: list[str] = []
+        late = None
+        for text, pieces in prompts:
+            budget, late_one = self._budget(len(pieces), "max_tokens", req.max_tokens)
+            late = late or late_one
+            outputs.extend(self.text.plan(text, budget, i) for i in range(req.n))
+            all_pieces.extend(pieces)
+        job = self._job("cmpl-", prompts[0][0], all_pieces, outputs, meta)
+        job.include_usage, job.continuous_usage = req.include_usage, req.continuous_usage
+        job.late_error = late
+        return job
+
+    def _job(
+        self, prefix: str, prompt: str, pieces: list[str], outputs: list[Output], meta: Meta
+    ) -> Job:
+        base = meta.request_id or secrets.token_hex(16)
+        planned = sum(len(o.pieces) for o in outputs)
+        adm = Admission(base, pieces, planned, meta.hold_s, meta.arrival)
+        return Job(
+            prefix + base, int(time.time()), self.names[0], prompt, len(pieces), outputs, adm
+        )
+
+    def _prompts(
+        self, prompt: str | list[str] | list[int] | list[list[int]]
+    ) -> list[tuple[str, list[str]]]:
+        """``(text, pieces)`` per prompt; token-id prompts count their ids."""
+        items: Sequence[Any] = [prompt] if isinstance(prompt, str) else prompt
+        if items and isinstance(items[0], int):
+            items = [items]
+        if not items:
+            raise BadRequest(
+                "Either prompt or prompt_embeds must be provided and non-empty.", param="prompt"
+            )
+        return [self._one_prompt(p) for p in items]
+
+    def _one_prompt(self, prompt: str | list[int]) -> tuple[str, list[str]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.pieces(prompt)
+        try:
+            text = self.tokenizer.decode(prompt)
+        except UnknownTokenId:
+            text = ""
+        return text, [str(t) for t in prompt]
+
+    def _budget(
+        self, prompt_len: int, param: str, requested: int | None
+    ) -> tuple[int, BadRequest | None]:
+        """Output tokens allowed, or the errors vLLM raises for this prompt and limit."""
+        limit = self.config.max_model_len
+        if requested is not None and requested > limit:
+            raise BadRequest(
+                f"{param}={requested} cannot be greater than max_model_len={limit}. "
+                "Please request fewer output tokens.",
+                param=param,
+                value=requested,
+            )
+        if requested is not None and requested < 1:
+            raise BadRequest(
+                f"{param} must be at least 1, got {requested}.", param=param, value=requested
+            )
+        if prompt_len > limit:
+            raise BadRequest(
+                f"This model's maximum context length is {limit} tokens. However, your prompt "
+                f"contains at least {limit + 1} input tokens, which exceeds this limit even "
+                "without any output tokens. Please reduce the length of the input prompt.",
+                param="input_tokens",
+                value=limit + 1,
+            )
+        if prompt_len == limit:
+            return 1, _prompt_fills_window(prompt_len, limit)
+        room = limit - prompt_len
+        return min(requested or room, room), None
+
+
+def _prompt_fills_window(prompt_len: int, limit: int) -> BadRequest:
+    return BadRequest(
+        f"The decoder prompt (length {prompt_len}) plus the number of requested output tokens "
+        f"(at least 1) is longer than the maximum model length of {limit}. Make sure that "
+        "`max_model_len` is no smaller than the number of text tokens (prompt + requested "
+        "output tokens)."
+    )
+
+
+def _check_n(n: int) -> None:
+    if n < 1:
+        raise BadRequest(f"n must be at least 1, got {n}.", param="n", value=n)
+
+
+def _final_assistant_text(messages: list[dict[str, Any]]) -> str:
+    if messages and messages[-1].get("role") == "assistant":
+        return content_text(messages[-1].get("content"))
+    return ""

@@ -1,0 +1,216 @@
+"""The simulator's endpoints as plain methods: bytes and :class:`Meta` in, a reply out.
+
+Transport lives in ``app.py``; nothing here knows about ASGI.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gpupool.workers.sim import render
+from gpupool.workers.sim.config import SimConfig
+from gpupool.workers.sim.engine import Engine
+from gpupool.workers.sim.errors import BadRequest, InvalidBody, SimError
+from gpupool.workers.sim.faults import Knobs
+from gpupool.workers.sim.jobs import JobBuilder, Meta
+from gpupool.workers.sim.metrics import CONTENT_TYPE
+from gpupool.workers.sim.protocol import (
+    ChatRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    ResponsesRequest,
+    TokenizeRequest,
+    parse_body,
+)
+from gpupool.workers.sim.reasoning import split_all
+from gpupool.workers.sim.serving import (
+    ChatFormat,
+    TextFormat,
+    chat_body,
+    completion_body,
+    run_full,
+    stream,
+)
+from gpupool.workers.sim.text import TextSource
+from gpupool.workers.sim.tokenize import Tokenizer, UnknownTokenId, render_chat
+
+VLLM_VERSION = "0.32.0"
+JSON = b"application/json"
+METRICS_CONTENT_TYPE = CONTENT_TYPE.encode()
+
+
+@dataclass(slots=True)
+class JsonReply:
+    status: int
+    body: bytes
+    content_type: bytes | None = JSON
+
+
+@dataclass(slots=True)
+class StreamReply:
+    chunks: AsyncGenerator[bytes, None]
+
+
+Reply = JsonReply | StreamReply
+
+
+def _ok(payload: Any) -> JsonReply:
+    return JsonReply(200, orjson.dumps(payload))
+
+
+class SimService:
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.knobs = Knobs.from_config(config)
+        self.tokenizer = Tokenizer()
+        self.engine = Engine(config, self.knobs)
+        self.jobs = JobBuilder(config, self.tokenizer, TextSource(config, self.tokenizer))
+
+    # -- generation -------------------------------------------------------------------------
+
+    def blocking(self, meta: Meta) -> bool:
+        """Whether a generation request may wait (so a disconnect must be watched for)."""
+        return self.engine.would_block(meta.hold_s)
+
+    async def chat(self, body: bytes, meta: Meta) -> Reply:
+        await self._arrive()
+        req = parse_body(body, ChatRequest)
+        job = self.jobs.chat(req, meta)
+        self._maybe_fail()
+        if req.stream:
+            return StreamReply(stream(self.engine, self.knobs, job, ChatFormat(job)))
+        await run_full(self.engine, job)
+        return JsonReply(200, chat_body(job))
+
+    async def completions(self, body: bytes, meta: Meta) -> Reply:
+        await self._arrive()
+        req = parse_body(body, CompletionRequest)
+        job = self.jobs.completion(req, meta)
+        self._maybe_fail()
+        if req.stream:
+            return StreamReply(stream(self.engine, self.knobs, job, TextFormat(job)))
+        await run_full(self.engine, job)
+        return JsonReply(200, completion_body(job))
+
+    async def responses(self, body: bytes, meta: Meta) -> Reply:
+        await self._arrive()
+        req = parse_body(body, ResponsesRequest)
+        if req.stream:
+            raise BadRequest(
+                "The simulator answers /v1/responses without streaming only.", param="stream"
+            )
+        chat = ChatRequest(
+            model=req.model, messages=_responses_messages(req), max_tokens=req.max_output_tokens
+        )
+        job = self.jobs.chat(chat, meta)
+        self._maybe_fail()
+        await run_full(self.engine, job)
+        out = job.outputs[0]
+        if job.thinking is None:
+            text: tuple[str | None, str | None] = (None, "".join(out.pieces))
+            reasoning_tokens = 0
+        else:
+            reasoning, content, reasoning_tokens = split_all(out.pieces, job.thinking)
+            text = (reasoning, content)
+        rid = "resp_" + job.response_id.removeprefix("chatcmpl-")
+        tokens = (job.prompt_tokens, job.generated, reasoning_tokens)
+        return JsonReply(
+            200, render.responses_body(rid, job.created, job.model, text, out.finish_reason, tokens)
+        )
+
+    async def _arrive(self) -> None:
+        self.engine.stats.requests_total += 1
+        await self.knobs.wait_unhung()
+
+    def _maybe_fail(self) -> None:
+        if self.knobs.should_fail():
+            self.engine.metrics.success["error"] += 1
+            raise SimError()
+
+    # -- serving information ----------------------------------------------------------------
+
+    async def health(self, body: bytes, meta: Meta) -> Reply:
+        await self.knobs.wait_unhung()
+        return JsonReply(503 if self.knobs.health_fail else 200, b"", None)
+
+    async def version(self, body: bytes, meta: Meta) -> Reply:
+        return _ok({"version": VLLM_VERSION})
+
+    async def load(self, body: bytes, meta: Meta) -> Reply:
+        return _ok({"server_load": 0})  # vLLM counts only with --enable-server-load-tracking
+
+    async def models(self, body: bytes, meta: Meta) -> Reply:
+        now = int(time.time())
+        cfg = self.config
+        cards = [
+            render.model_card(
+                name, cfg.root, cfg.max_model_len, now, "modelperm-" + secrets.token_hex(16)
+            )
+            for name in cfg.served_names
+        ]
+        return _ok({"object": "list", "data": cards})
+
+    async def metrics(self, body: bytes, meta: Meta) -> Reply:
+        return JsonReply(200, self.engine.metrics.render(), METRICS_CONTENT_TYPE)
+
+    async def tokenize(self, body: bytes, meta: Meta) -> Reply:
+        req = parse_body(body, TokenizeRequest)
+        self.jobs.check_model(req.model)
+        if req.messages is not None:
+            text = render_chat(req.messages, req.add_generation_prompt, req.continue_final_message)
+        else:
+            text = req.prompt or ""
+        ids = self.tokenizer.encode(text)
+        strs = [self.tokenizer.piece_of(i) for i in ids] if req.return_token_strs else None
+        return _ok(
+            {
+                "count": len(ids),
+                "max_model_len": self.config.max_model_len,
+                "tokens": ids,
+                "token_strs": strs,
+            }
+        )
+
+    async def detokenize(self, body: bytes, meta: Meta) -> Reply:
+        req = parse_body(body, DetokenizeRequest)
+        self.jobs.check_model(req.model)
+        try:
+            return _ok({"prompt": self.tokenizer.decode(req.tokens)})
+        except UnknownTokenId as exc:
+            raise BadRequest(str(exc), param="tokens") from None
+
+    # -- test control -----------------------------------------------------------------------
+
+    async def sim_stats(self, body: bytes, meta: Meta) -> Reply:
+        return _ok(self.engine.stats_payload())
+
+    async def sim_control(self, body: bytes, meta: Meta) -> Reply:
+        try:
+            changes = orjson.loads(body or b"{}")
+        except orjson.JSONDecodeError as exc:
+            raise InvalidBody.json_invalid(exc.pos, exc.msg) from None
+        if not isinstance(changes, dict):
+            raise BadRequest("The control body must be a JSON object.")
+        self.knobs.update(changes)
+        return _ok(self.knobs.snapshot())
+
+    async def sim_reset(self, body: bytes, meta: Meta) -> Reply:
+        self.engine.reset_stats()
+        return _ok(self.engine.stats_payload())
+
+
+def _responses_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    if req.instructions:
+        messages.append({"role": "system", "content": req.instructions})
+    if isinstance(req.input, str):
+        messages.append({"role": "user", "content": req.input})
+    else:
+        messages.extend(m for m in req.input if "role" in m)
+    return messages

@@ -1,0 +1,163 @@
+"""Running a :class:`Job` on the engine: streamed as vLLM's SSE, or as one JSON body."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Iterator
+from typing import Any, Protocol
+
+from gpupool.workers.sim import render
+from gpupool.workers.sim.engine import Engine
+from gpupool.workers.sim.faults import Knobs
+from gpupool.workers.sim.jobs import Job
+from gpupool.workers.sim.reasoning import Qwen3Splitter, prompt_ends_reasoning, split_all
+
+
+class StreamFormat(Protocol):
+    writer: render.ChunkWriter
+
+    def opening(self) -> list[bytes]: ...
+
+    def chunk(
+        self, index: int, piece: str, last: bool, finish: str | None, use: dict[str, Any] | None
+    ) -> bytes | None: ...
+
+    @property
+    def reasoning_tokens(self) -> int | None: ...
+
+
+class ChatFormat:
+    """Chat chunks: a role chunk per choice, then content (and reasoning) deltas."""
+
+    def __init__(self, job: Job) -> None:
+        self.writer = render.ChunkWriter(
+            job.response_id, "chat.completion.chunk", job.created, job.model
+        )
+        self._n = len(job.outputs)
+        self._keep_reasoning = job.include_reasoning
+        self._splitters: list[Qwen3Splitter] | None = None
+        self._reasoning_tokens = 0
+        if job.thinking is not None:
+            start = job.thinking and not prompt_ends_reasoning(job.prompt)
+            self._splitters = [Qwen3Splitter(start) for _ in job.outputs]
+
+    def opening(self) -> list[bytes]:
+        return [self.writer.role(i) for i in range(self._n)]
+
+    def chunk(
+        self, index: int, piece: str, last: bool, finish: str | None, use: dict[str, Any] | None
+    ) -> bytes | None:
+        delta = self._delta(index, piece, last)
+        if not delta and finish is None:
+            return None
+        return self.writer.chat_delta(index, delta, finish, use)
+
+    @property
+    def reasoning_tokens(self) -> int | None:
+        return None if self._splitters is None else self._reasoning_tokens
+
+    def _delta(self, index: int, piece: str, last: bool) -> dict[str, str]:
+        if self._splitters is None:
+            return {"content": piece}
+        splitter = self._splitters[index]
+        self._reasoning_tokens += splitter.in_reasoning and bool(piece)
+        reasoning, content = splitter.feed(piece)
+        if last:
+            more_r, more_c = splitter.flush()
+            reasoning, content = reasoning + more_r, content + more_c
+        delta: dict[str, str] = {}
+        if reasoning and self._keep_reasoning:
+            delta["reasoning"] = reasoning
+        if content:
+            delta["content"] = content
+        return delta
+
+
+class TextFormat:
+    """Completion chunks: text deltas only."""
+
+    reasoning_tokens = None
+
+    def __init__(self, job: Job) -> None:
+        self.writer = render.ChunkWriter(job.response_id, "text_completion", job.created, job.model)
+
+    def opening(self) -> list[bytes]:
+        return []
+
+    def chunk(
+        self, index: int, piece: str, last: bool, finish: str | None, use: dict[str, Any] | None
+    ) -> bytes | None:
+        return self.writer.text_delta(index, piece, finish, use)
+
+
+async def stream(
+    engine: Engine, knobs: Knobs, job: Job, fmt: StreamFormat
+) -> AsyncGenerator[bytes, None]:
+    """The SSE body. Token ``k`` of every choice goes out together, paced by the engine."""
+    if job.late_error is not None:
+        yield render.error_event(job.late_error)
+        yield render.DONE
+        return
+    counts = [0] * len(job.outputs)
+    async with engine.running(job.admission) as run:
+        for step in range(job.steps):
+            knobs.check_crash(step)
+            await run.pace(step)
+            parts = fmt.opening() if step == 0 else []
+            parts.extend(_step_chunks(fmt, job, step, counts))
+            run.generated = sum(counts)
+            yield b"".join(parts)
+        knobs.check_crash(job.steps)
+        run.finish_reasons = job.finish_reasons
+    if job.include_usage:
+        use = render.usage(job.prompt_tokens, job.generated, fmt.reasoning_tokens)
+        yield fmt.writer.usage(use)
+    yield render.DONE
+
+
+def _step_chunks(fmt: StreamFormat, job: Job, step: int, counts: list[int]) -> Iterator[bytes]:
+    for i, out in enumerate(job.outputs):
+        size = len(out.pieces)
+        if step >= max(size, 1):
+            continue
+        last = step >= size - 1
+        piece = out.pieces[step] if size else ""
+        counts[i] += 1 if size else 0
+        use = render.usage(job.prompt_tokens, counts[i]) if job.continuous_usage else None
+        chunk = fmt.chunk(i, piece, last, out.finish_reason if last else None, use)
+        if chunk is not None:
+            yield chunk
+
+
+async def run_full(engine: Engine, job: Job) -> None:
+    """Hold a slot for as long as the whole output takes; raise the engine-side errors."""
+    if job.late_error is not None:
+        raise job.late_error
+    async with engine.running(job.admission) as run:
+        await run.pace_all(job.steps)
+        run.generated = job.generated
+        run.finish_reasons = job.finish_reasons
+
+
+def chat_body(job: Job) -> bytes:
+    choices = []
+    reasoning_total: int | None = None if job.thinking is None else 0
+    for i, out in enumerate(job.outputs):
+        reasoning: str | None = None
+        content: str | None = "".join(out.pieces)
+        if job.thinking is not None:
+            reasoning, content, tokens = split_all(out.pieces, job.thinking)
+            reasoning_total = (reasoning_total or 0) + tokens
+            reasoning = reasoning if job.include_reasoning else None
+        message = render.chat_message(content, reasoning)
+        choices.append(render.chat_choice(i, message, out.finish_reason))
+    use = render.full_usage(job.prompt_tokens, job.generated, reasoning_total)
+    return render.chat_body(job.response_id, job.created, job.model, choices, use)
+
+
+def completion_body(job: Job) -> bytes:
+    choices = [
+        render.completion_choice(i, "".join(out.pieces), out.finish_reason)
+        for i, out in enumerate(job.outputs)
+    ]
+    use = render.full_usage(job.prompt_tokens, job.generated, None)
+    return render.completion_body(job.response_id, job.created, job.model, choices, use)

@@ -1,0 +1,194 @@
+"""Pure translation of a worker's ``launch:`` section into argv, environment and limits.
+
+Nothing here does I/O: the functions read configuration (and, for ``build_env``, the inherited
+environment) and return values, so the exact command a user will get is testable on its own.
+
+``args`` become flags in order: ``key: value`` → ``--key value``; ``true`` → ``--key``;
+``false``/``null`` → omitted; mappings and lists → one JSON argument
+(``--limit-mm-per-prompt '{"image": 2, "video": 0}'``). gpupool then appends
+``--host 127.0.0.1 --port N --served-model-name <model>`` itself: the gateway is the only
+public endpoint and routes by that name, so users may not set those flags (``check_launch``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from gpupool.config.models import LaunchConfig, WorkerConfig
+from gpupool.workers.registry import MediaCaps
+from gpupool.workers.supervisor.errors import LaunchConfigError
+
+WORKER_HOST = "127.0.0.1"
+_RESERVED = {
+    "host": "gpupool binds workers to 127.0.0.1 itself",
+    "port": "use `launch.port` (or omit it for a free port)",
+    "served-model-name": "the worker's `model` is passed as --served-model-name",
+    "uds": "gpupool talks to workers over TCP",
+}
+_UNSAFE_PATH_CHARS = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def flag_key(key: str) -> str:
+    """``--max_model_len`` / ``max-model-len`` → ``max-model-len`` (vLLM accepts both spellings)."""
+    return key.lstrip("-").replace("_", "-")
+
+
+def arg_value(args: Mapping[str, Any], name: str) -> Any:
+    """The value of flag ``name`` in ``args`` whatever its spelling, or None."""
+    for key, value in args.items():
+        if flag_key(key) == name:
+            return value
+    return None
+
+
+def check_launch(launch: LaunchConfig) -> list[str]:
+    """Problems with a launch section, each naming its field path (empty when fine)."""
+    problems = [
+        f"launch.args.{key}: not allowed here; {_RESERVED[flag_key(key)]}"
+        for key in launch.args
+        if flag_key(key) in _RESERVED
+    ]
+    for i, token in enumerate(launch.command):
+        name = flag_key(token.partition("=")[0]) if token.startswith("--") else ""
+        if name in _RESERVED and not _is_port_placeholder(launch.command, i):
+            problems.append(f"launch.command[{i}]: `{token}` is not allowed; {_RESERVED[name]}")
+    mm = arg_value(launch.args, "limit-mm-per-prompt")
+    if isinstance(mm, str) and not isinstance(_loads(mm), dict):
+        problems.append("launch.args.limit-mm-per-prompt: must be a mapping or a JSON object")
+    return problems
+
+
+def _is_port_placeholder(command: list[str], i: int) -> bool:
+    token = command[i]
+    follower = command[i + 1] if i + 1 < len(command) else ""
+    return token == "--port={port}" or (token == "--port" and follower == "{port}")
+
+
+def _loads(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _launch_of(worker: WorkerConfig) -> LaunchConfig:
+    if worker.launch is None:
+        raise LaunchConfigError([f"workers.{worker.name}: has no `launch` section"])
+    return worker.launch
+
+
+def _arg_tokens(key: str, value: Any) -> list[str]:
+    flag = "--" + key.lstrip("-")
+    if value is True:
+        return [flag]
+    if value is False or value is None:
+        return []
+    if isinstance(value, Mapping | list | tuple):
+        return [flag, json.dumps(value)]
+    return [flag, str(value)]
+
+
+def build_command(worker: WorkerConfig, port: int) -> list[str]:
+    """The argv that starts ``worker`` listening on ``127.0.0.1:port``."""
+    launch = _launch_of(worker)
+    problems = check_launch(launch)
+    if problems:
+        raise LaunchConfigError([f"workers.{worker.name}.{p}" for p in problems])
+    argv = [
+        part.replace("{model_path}", launch.model_path).replace("{port}", str(port))
+        for part in launch.command
+    ]
+    for key, value in launch.args.items():
+        argv += _arg_tokens(key, value)
+    return [*argv, "--host", WORKER_HOST, "--port", str(port), "--served-model-name", worker.model]
+
+
+def cache_dir(state_dir: str | os.PathLike[str], gpu_cache_key: str | None) -> Path:
+    """``<state_dir>/cache/<key>``: one compile/Triton cache per GPU architecture.
+
+    Triton kernels and vLLM compile artifacts are reusable between cards of one architecture
+    and compute capability (a cache warmed on a 96 GB card serves a 32 GB one), so the caller
+    keys them by that, not by card.
+    """
+    key = _UNSAFE_PATH_CHARS.sub("_", gpu_cache_key or "cpu").strip(".") or "cpu"
+    return Path(os.path.abspath(state_dir)) / "cache" / key
+
+
+def build_env(
+    worker: WorkerConfig,
+    gpu_cache_key: str | None,
+    state_dir: str | os.PathLike[str],
+    base: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """Inherited environment (``base``, default ``os.environ``) + GPUs + caches + ``launch.env``.
+
+    ``gpus`` are numbered as nvidia-smi and NVML number them (``CUDA_DEVICE_ORDER=PCI_BUS_ID``
+    unless already set): CUDA's default order puts the fastest card first, which on a mixed
+    PRO 6000 + 5090 host need not be the nvidia-smi order.
+
+    ``TRITON_CACHE_DIR`` is set explicitly: vLLM only points Triton inside its own compile
+    cache when the variable is unset, and autotuning results must survive restarts.
+    """
+    launch = _launch_of(worker)
+    env = dict(os.environ if base is None else base)
+    if launch.gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in launch.gpus)
+        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    cache = cache_dir(state_dir, gpu_cache_key)
+    env["VLLM_CACHE_ROOT"] = str(cache / "vllm")
+    env["TRITON_CACHE_DIR"] = str(cache / "triton")
+    env.update(launch.env)
+    return env
+
+
+def _positive_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def capacity_of(worker: WorkerConfig) -> int | None:
+    """Gateway-side concurrency: ``max_inflight``, else ``--max-num-seqs``, else None."""
+    if worker.max_inflight is not None:
+        return worker.max_inflight
+    if worker.launch is None:
+        return None
+    return _positive_int(arg_value(worker.launch.args, "max-num-seqs"))
+
+
+def _count(limit: Any) -> int | None:
+    if isinstance(limit, Mapping):
+        limit = limit.get("count")
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        return None
+    return max(limit, 0)
+
+
+def media_limits_of(worker: WorkerConfig) -> MediaCaps:
+    """Media items per prompt from ``--limit-mm-per-prompt`` (legacy or configurable form).
+
+    An unspecified modality is unlimited (vLLM's default is 999); ``--language-model-only``
+    admits no media at all.
+    """
+    if worker.launch is None:
+        return MediaCaps()
+    args = worker.launch.args
+    if arg_value(args, "language-model-only") is True:
+        return MediaCaps(image=0, video=0, audio=0)
+    raw = arg_value(args, "limit-mm-per-prompt")
+    if isinstance(raw, str):
+        raw = _loads(raw)
+    if not isinstance(raw, Mapping):
+        return MediaCaps()
+    return MediaCaps(
+        image=_count(raw.get("image")),
+        video=_count(raw.get("video")),
+        audio=_count(raw.get("audio")),
+    )

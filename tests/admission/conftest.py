@@ -1,0 +1,205 @@
+"""Admission fixtures: real ``redis-server`` processes we can kill, and a fake worker view."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+
+from gpupool.config.models import QueueConfig
+from gpupool.gateway.admission.base import Admission, Lease, Ticket
+from gpupool.gateway.admission.memory import MemoryAdmission
+from gpupool.gateway.admission.redis_backend import RedisAdmission
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisServer:
+    """One ``redis-server`` on a loopback port; ``kill`` is SIGKILL, ``start`` restarts it empty."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        cmd = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
+        cmd += ["--save", "", "--appendonly", "no", "--loglevel", "warning"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while not self._pong():
+            if time.monotonic() > deadline:
+                raise RuntimeError("redis-server did not start")
+            time.sleep(0.01)
+
+    def _pong(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            self.proc = None
+
+    async def akill(self) -> None:
+        await asyncio.to_thread(self.kill)
+
+    async def astart(self) -> None:
+        await asyncio.to_thread(self.start)
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer()
+    server.start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    server = RedisServer()
+    server.start()
+    yield server
+    server.kill()
+
+
+class FakeWorkers:
+    """A ``WorkerView``: capacities by name; names in ``down`` are unavailable."""
+
+    def __init__(self, **caps: int) -> None:
+        self.caps = dict(caps)
+        self.down: set[str] = set()
+
+    def capacity(self, worker: str) -> int:
+        return self.caps.get(worker, 0)
+
+    def available(self, worker: str) -> bool:
+        return worker in self.caps and worker not in self.down
+
+
+_ids = itertools.count(1)
+
+
+def ticket(
+    candidates: tuple[str, ...] = ("w1",),
+    *,
+    tenant: str = "t",
+    priority: int = 0,
+    model: str = "m",
+    max_wait_s: float = 10.0,
+) -> Ticket:
+    return Ticket(
+        id=f"req-{next(_ids)}",
+        model=model,
+        tenant=tenant,
+        priority=priority,
+        candidates=list(candidates),
+        max_wait_s=max_wait_s,
+    )
+
+
+async def until(pred: Callable[[], Awaitable[bool]], timeout: float = 3.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await pred():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.005)
+
+
+async def depth(adm: Admission, model: str = "m") -> int:
+    snap = await adm.snapshot()
+    return int(snap["models"].get(model, {}).get("depth", 0))
+
+
+async def enqueue(adm: Admission, t: Ticket) -> asyncio.Task[Lease]:
+    """Start an acquire that must queue, and return once it is in the queue."""
+    before = await depth(adm, t.model)
+    task = asyncio.create_task(adm.acquire(t))
+
+    async def queued() -> bool:
+        return await depth(adm, t.model) > before
+
+    await until(queued)
+    return task
+
+
+async def held(adm: Admission, worker: str) -> int:
+    snap = await adm.snapshot()
+    return int(snap["workers"].get(worker, {}).get("held", 0))
+
+
+Make = Callable[..., Awaitable[Admission]]
+
+
+def queue_config(redis_url: str, **overrides: Any) -> QueueConfig:
+    base: dict[str, Any] = {
+        "redis_url": redis_url,
+        "redis_prefix": f"test-{uuid.uuid4().hex[:8]}",
+        "keepalive_interval_s": 0.05,
+        "lease_ttl_s": 2.0,
+    }
+    return QueueConfig(**(base | overrides))
+
+
+@pytest.fixture
+async def make_redis(redis_server: RedisServer) -> AsyncIterator[Callable[..., Awaitable[Any]]]:
+    """Build started ``RedisAdmission`` replicas (same prefix unless given); closed afterwards."""
+    made: list[RedisAdmission] = []
+    prefix = f"test-{uuid.uuid4().hex[:8]}"
+
+    async def build(
+        workers: FakeWorkers, *, url: str | None = None, recheck: float | None = None, **kw: Any
+    ) -> RedisAdmission:
+        cfg = queue_config(url or redis_server.url, redis_prefix=prefix, **kw)
+        rid = f"replica-{len(made)}:{os.getpid()}:{uuid.uuid4().hex[:4]}"
+        adm = RedisAdmission(cfg, workers, replica_id=rid, recheck_interval_s=recheck)
+        await adm.start()
+        made.append(adm)
+        return adm
+
+    yield build
+    for adm in made:
+        await adm.close()
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def make(
+    request: pytest.FixtureRequest, make_redis: Callable[..., Awaitable[Any]]
+) -> AsyncIterator[Make]:
+    """Build a started admission of the parametrized backend over ``workers``."""
+    made: list[MemoryAdmission] = []
+
+    async def build(workers: FakeWorkers, **kw: Any) -> Admission:
+        if request.param == "redis":
+            adm: Admission = await make_redis(workers, **kw)
+            return adm
+        cfg = queue_config("redis://unused", **kw)
+        mem = MemoryAdmission.from_config(cfg, workers, "mem-replica")
+        made.append(mem)
+        return mem
+
+    yield build
+    for mem in made:
+        await mem.close()
