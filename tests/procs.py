@@ -41,6 +41,21 @@ def wait_http(url: str, timeout: float = 30.0, status: int = 200) -> None:
     raise TimeoutError(f"{url} not answering {status}: {last}")
 
 
+def wait_redis(url: str, timeout: float = 10.0) -> None:
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(16).startswith(b"+PONG"):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"redis at {url} not answering")
+
+
 class Proc:
     def __init__(self, argv: list[str], url: str, log: Path, env: dict[str, str] | None = None):
         self.argv, self.url, self.log_path = argv, url, log
@@ -116,7 +131,10 @@ def running(*procs: Proc, ready_path: str = "/health", timeout: float = 30) -> I
             p.start()
         for p in procs:
             try:
-                wait_http(p.url + ready_path, timeout=timeout)
+                if p.url.startswith("redis://"):
+                    wait_redis(p.url, timeout)
+                else:
+                    wait_http(p.url + ready_path, timeout=timeout)
             except TimeoutError:
                 raise TimeoutError(f"{p.argv}\n{p.logs()}") from None
         yield

@@ -30,7 +30,7 @@ from gpupool.workers.planner.model_spec import ModelSpec
 from gpupool.workers.planner.plan import PlanArgs
 from gpupool.workers.planner.planning import kv_layout_for, plan_from_args
 from gpupool.workers.planner.quant import QuantScheme, requested_scheme, resolve_scheme
-from gpupool.workers.planner.verdicts import tp_findings
+from gpupool.workers.planner.verdicts import batched_tokens_findings, tp_findings
 
 SHARING_MARGIN = 0.05
 """Left over on a shared GPU below which a warning is given: each vLLM also holds a CUDA
@@ -194,14 +194,10 @@ def _static_findings(spec: ModelSpec, args: PlanArgs) -> list[Finding]:
     if not spec.is_hybrid or args.max_num_batched_tokens is None:
         return out
     _, kv_bytes = kv_cache_bytes(args.kv_cache_dtype, model_precision(spec).name)
-    block = kv_layout_for(spec, kv_bytes, args).block_size
-    if args.enable_prefix_caching and args.max_num_batched_tokens < block:
-        out.append(
-            warning(
-                "args.max-num-batched-tokens",
-                f"max-num-batched-tokens {args.max_num_batched_tokens} is below the hybrid "
-                f"attention block size {block}; set it to at least {block} (seed 000)",
-            )
+    layout = kv_layout_for(spec, kv_bytes, args)
+    if args.enable_prefix_caching:
+        out += batched_tokens_findings(
+            layout.block_size, args.max_num_batched_tokens, layout.mamba_page_bytes
         )
     return out
 

@@ -105,6 +105,7 @@ _ARG_OPTIONS = (
     "max_num_batched_tokens",
     "tensor_parallel_size",
     "moe_backend",
+    "enforce_eager",
 )
 
 
@@ -124,6 +125,7 @@ _ARG_OPTIONS = (
 @click.option("--max-num-batched-tokens", type=int, help="Tokens per forward pass.")
 @click.option("--tensor-parallel-size", type=int, help="GPUs per worker (default 1).")
 @click.option("--moe-backend", help="e.g. marlin, flashinfer_b12x (seed 004).")
+@click.option("--enforce-eager", is_flag=True, default=None, help="No CUDA graphs.")
 @click.option("--overhead-fraction", type=float,
               help="Overhead as a fraction of the weights (seed 001: 0.15-0.20).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")

@@ -58,6 +58,8 @@ def plan_from_args(spec: ModelSpec, args: PlanArgs) -> Plan:
     budget = int(args.gpu_memory_bytes * args.gpu_memory_utilization)
     kv_budget = budget - weights.total - overhead.total
     longest = longest_fitting_len(layout, kv_budget)
+    if spec.max_position_embeddings:
+        longest = min(longest, spec.max_position_embeddings)
     max_len = _max_model_len(spec, args, longest)
     plan = Plan(
         model=spec.name,
@@ -123,10 +125,9 @@ def kv_layout_for(spec: ModelSpec, kv_bytes: float, args: PlanArgs) -> KvLayout:
 def _max_model_len(spec: ModelSpec, args: PlanArgs, longest: int) -> int:
     requested = args.max_model_len
     if requested is None or requested == -1:
-        model_max = spec.max_position_embeddings or longest
         if requested == -1 and longest > 0:
-            return min(model_max, longest)
-        return model_max
+            return longest  # vLLM's auto-fit: the longest that fits, capped by the model
+        return spec.max_position_embeddings or longest
     if requested <= 0:
         raise PlanArgsError(f"max-model-len must be positive or -1, got {requested}")
     return requested

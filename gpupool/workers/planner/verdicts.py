@@ -104,7 +104,7 @@ def _capacity_findings(plan: Plan) -> list[Finding]:
                 + _capacity_remedy(plan),
             )
         ]
-    if cap.max_concurrency < plan.max_num_seqs:
+    if plan.args.max_num_seqs is not None and cap.max_concurrency < plan.max_num_seqs:
         return [
             warning(
                 "args.max-num-seqs",
@@ -127,21 +127,26 @@ def _hybrid_findings(plan: Plan) -> list[Finding]:
     if not plan.hybrid:
         return []
     out: list[Finding] = []
-    block = plan.layout.block_size
-    if plan.args.enable_prefix_caching and plan.max_num_batched_tokens < block:
-        out.append(
-            warning(
-                "args.max-num-batched-tokens",
-                f"max-num-batched-tokens {plan.max_num_batched_tokens} is below the hybrid "
-                f"attention block size {block} (vLLM grows the block until one attention page "
-                f"holds a {plan.layout.mamba_page_bytes:,}-byte Gated DeltaNet state); vLLM "
-                f'before the scheduler fix refuses to start ("block_size ({block}) must be <= '
-                f'max_num_batched_tokens"); set it to at least {block} (seed 000)',
-            )
+    if plan.args.enable_prefix_caching:
+        out += batched_tokens_findings(
+            plan.layout.block_size, plan.max_num_batched_tokens, plan.layout.mamba_page_bytes
         )
     if plan.headroom_bytes < TRITON_AUTOTUNE_HEADROOM:
         out.append(_triton_warning(plan))
     return out
+
+
+def batched_tokens_findings(block: int, batched: int, mamba_page: int) -> list[Finding]:
+    """Seed 000: max-num-batched-tokens must be at least the hybrid attention block size."""
+    if batched >= block:
+        return []
+    message = (
+        f"max-num-batched-tokens {batched} is below the hybrid attention block size {block} "
+        f"(vLLM grows the block until one attention page holds a {mamba_page:,}-byte Gated "
+        f'DeltaNet state); vLLM before the scheduler fix refuses to start ("block_size '
+        f'({block}) must be <= max_num_batched_tokens"); set it to at least {block} (seed 000)'
+    )
+    return [warning("args.max-num-batched-tokens", message)]
 
 
 def _triton_warning(plan: Plan) -> Finding:
