@@ -2,30 +2,33 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import click
 
 from gpupool.config.models import GpupoolConfig
 from gpupool.workers.gpus import discover_gpus
-from gpupool.workers.planner.checks import check_gpu_sharing, check_launch_config
+from gpupool.workers.planner import ModelSpec, check_config, load_worker_specs
+from gpupool.workers.supervisor.command import check_launch
 
 
-def run_check(cfg: GpupoolConfig, path: str) -> int:
+def run_check(cfg: GpupoolConfig, config_path: str) -> int:
     gpus = discover_gpus()
-    findings = check_gpu_sharing(cfg.workers)
-    for i, wc in enumerate(cfg.workers):
-        if wc.launch is not None:
-            for f in check_launch_config(wc.name, wc.launch, gpus, None):
-                path = f.path.replace(f"workers[{wc.name}]", f"workers[{i}]")
-                findings.append(dataclasses.replace(f, path=path))
-    errors = [f for f in findings if f.level == "error"]
+    specs: dict[str, ModelSpec | None] = {name: s for name, s in load_worker_specs(cfg).items() if not isinstance(s, str)}
+    findings = check_config(cfg, gpus, specs)
+    problems = [
+        f"workers[{i}].{p}"
+        for i, wc in enumerate(cfg.workers)
+        if wc.launch is not None
+        for p in check_launch(wc.launch)
+    ]
     for f in findings:
         colour = "red" if f.level == "error" else "yellow"
         click.secho(f"{f.level}: {f.path}: {f.message}", fg=colour, err=True)
+    for p in problems:
+        click.secho(f"error: {p}", fg="red", err=True)
+    errors = len(problems) + sum(1 for f in findings if f.level == "error")
     if errors:
-        click.secho(f"{path}: {len(errors)} error(s)", fg="red", err=True)
+        click.secho(f"{config_path}: {errors} error(s)", fg="red", err=True)
         return 1
     n = len(cfg.workers)
-    click.secho(f"{path}: OK ({len(cfg.models)} model(s), {n} worker(s))", fg="green")
+    click.secho(f"{config_path}: OK ({len(cfg.models)} model(s), {n} worker(s))", fg="green")
     return 0
