@@ -12,7 +12,10 @@ from gpupool.workers.supervisor.command import check_launch
 
 def run_check(cfg: GpupoolConfig, config_path: str) -> int:
     gpus = discover_gpus()
-    specs: dict[str, ModelSpec | None] = {name: s for name, s in load_worker_specs(cfg).items() if not isinstance(s, str)}
+    loaded = load_worker_specs(cfg)
+    specs: dict[str, ModelSpec | None] = {
+        name: s for name, s in loaded.items() if not isinstance(s, str)
+    }
     findings = check_config(cfg, gpus, specs)
     problems = [
         f"workers[{i}].{p}"

@@ -49,6 +49,7 @@ class Context:
     priority: int = 0
     max_wait_s: float | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    tokens: list[int] = field(default_factory=list)  # prompt + completion, from usage
 
 
 @dataclass(slots=True)

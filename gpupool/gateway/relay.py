@@ -78,6 +78,7 @@ class Relay:
             n = usage.get(f"{kind}_tokens")
             if isinstance(n, int) and n > 0:
                 self.metrics.tokens.labels(plan.attempt.model.name, lease.worker, kind).inc(n)
+                plan.ctx.tokens.append(n)
 
     # ---- whole bodies ----------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpupool.config import ConfigError, load_config
-from gpupool.config.models import GpupoolConfig, ModelConfig, WorkerConfig
+from gpupool.config.models import GpupoolConfig, ModelConfig, QueueBackend, WorkerConfig
 from gpupool.gateway.admission.base import Admission
 from gpupool.gateway.admission.factory import build_admission
 from gpupool.gateway.catalog import Catalog
@@ -22,6 +22,7 @@ from gpupool.gateway.errors import BadRequest
 from gpupool.gateway.metrics import Metrics
 from gpupool.gateway.proxy import Proxy
 from gpupool.gateway.routing.policy import Router
+from gpupool.gateway.security.limits import KeyLimits
 from gpupool.gateway.upstream.client import UpstreamClient
 from gpupool.workers.registry import MediaCaps, Registry, Worker, WorkerState
 from gpupool.workers.remote import RemotePoller
@@ -77,6 +78,7 @@ class Services:
     proxy: Proxy
     poller: RemotePoller
     supervisor: Supervisor
+    key_limits: KeyLimits
     replica_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     restarts_seen: dict[str, int] = field(default_factory=dict)
     config_path: str | Path | None = None
@@ -152,9 +154,11 @@ def build_services(
     poller = RemotePoller(registry, client.session, cfg.routing)
     launched = [wc for wc in cfg.workers if wc.launch is not None]
     supervisor = Supervisor(registry, launched, cfg.server, client.session)
+    redis_url = cfg.queue.redis_url if cfg.queue.backend is QueueBackend.redis else None
+    key_limits = KeyLimits(redis_url, cfg.queue.redis_prefix)
     services = Services(
-        cfg, registry, catalog, metrics, client, admission, proxy, poller, supervisor, replica,
-        config_path=config_path,
+        cfg, registry, catalog, metrics, client, admission, proxy, poller, supervisor,
+        key_limits, replica, config_path=config_path,
     )  # fmt: skip
     registry.on_change(services.on_worker_change)
     for w in registry:

@@ -22,6 +22,7 @@ from gpupool.gateway.api.openapi import openapi_schema
 from gpupool.gateway.api.responses import ReplyResponse
 from gpupool.gateway.errors import GatewayError
 from gpupool.gateway.reply import Reply
+from gpupool.gateway.security.middleware import AuthMiddleware
 from gpupool.gateway.services import Services, build_services
 
 
@@ -76,7 +77,7 @@ def create_app(
             *openai_routes.routes(),
             *admin_routes.routes(),
         ],
-        middleware=[Middleware(RequestIdMiddleware)],
+        middleware=[Middleware(RequestIdMiddleware), Middleware(AuthMiddleware, cfg=cfg.auth)],
         exception_handlers={
             GatewayError: gateway_error,
             HTTPException: http_error,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.routing import Route
@@ -10,10 +12,18 @@ from starlette.types import ASGIApp
 
 from gpupool.gateway.api.endpoint import Endpoint, body, request_id, services
 from gpupool.gateway.api.responses import ReplyResponse
-from gpupool.gateway.errors import InvalidBody
+from gpupool.gateway.errors import Forbidden, InvalidBody
 from gpupool.gateway.parse import Generate, parse_generate, parse_model_only
 from gpupool.gateway.proxy import Context
 from gpupool.gateway.reply import Reply
+from gpupool.gateway.security.keys import Principal
+from gpupool.gateway.security.limits import close_after
+from gpupool.gateway.upstream.client import forward_headers
+
+if TYPE_CHECKING:
+    from gpupool.gateway.services import Services
+
+Call = Callable[[], Awaitable[Reply]]
 
 
 def _header_number(request: Request, name: str) -> float | None:
@@ -42,9 +52,39 @@ def context(request: Request, req: Generate | None = None) -> Context:
     lo, hi = state.get("priority_range", (None, None))
     if lo is not None:
         priority = min(max(priority, lo), hi)
-    headers = {"content-type": "application/json", "x-request-id": rid}
+    headers = forward_headers(request.headers)
+    headers["content-type"] = "application/json"
+    headers["x-request-id"] = rid
     return Context(rid, _tenant(request), priority, _header_number(request, "x-gpupool-max-wait"),
                    headers)  # fmt: skip
+
+
+def _principal(request: Request) -> Principal | None:
+    p = request.scope.get("state", {}).get("principal")
+    return p if isinstance(p, Principal) else None
+
+
+def _check_model_allowed(principal: Principal | None, svc: Services, name: str | None) -> None:
+    if principal is None or principal.key is None or principal.key.models is None:
+        return
+    model = svc.catalog.resolve(name)
+    if not {model.name, *model.aliases} & set(principal.key.models):
+        raise Forbidden(f"This key may not use model `{name or model.name}`.", param="model")
+
+
+async def _limited(svc: Services, request: Request, ctx: Context, call: Call) -> Reply:
+    """Run ``call`` under the caller's per-key limits (released when the reply ends)."""
+    hold = await svc.key_limits.admit(_principal(request))
+    try:
+        reply = await call()
+    except BaseException:
+        await hold.close(0)
+        raise
+    if reply.stream is not None:
+        reply.stream = close_after(reply.stream, hold, ctx.tokens)
+    else:
+        await hold.close(sum(ctx.tokens))
+    return reply
 
 
 def _generate(path: str, chat: bool) -> Endpoint:
@@ -52,8 +92,10 @@ def _generate(path: str, chat: bool) -> Endpoint:
         svc = services(request)
         req = parse_generate(await body(request), chat=chat,
                              max_depth=svc.cfg.server.max_json_depth)  # fmt: skip
-        request.scope.setdefault("state", {})["model"] = req.model
-        return ReplyResponse(await svc.proxy.generate(path, req, context(request, req)))
+        _check_model_allowed(_principal(request), svc, req.model)
+        ctx = context(request, req)
+        reply = await _limited(svc, request, ctx, lambda: svc.proxy.generate(path, req, ctx))
+        return ReplyResponse(reply)
 
     return Endpoint(handler)
 
@@ -63,7 +105,11 @@ def _passthrough(path: str) -> Endpoint:
         svc = services(request)
         raw = await body(request)
         _, model = parse_model_only(raw, svc.cfg.server.max_json_depth)
-        reply = await svc.proxy.passthrough("POST", path, raw, model, context(request))
+        _check_model_allowed(_principal(request), svc, model)
+        ctx = context(request)
+        reply = await _limited(
+            svc, request, ctx, lambda: svc.proxy.passthrough("POST", path, raw, model, ctx)
+        )
         return ReplyResponse(reply)
 
     return Endpoint(handler)

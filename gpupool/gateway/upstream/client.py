@@ -28,6 +28,12 @@ _DROP_REQUEST = frozenset(
         "x-api-key",
         "accept-encoding",
         "expect",
+        "content-type",
+        "x-request-id",
+        "x-gpupool-priority",
+        "x-gpupool-max-wait",
+        "x-gpupool-tenant",
+        "cookie",
     }
 )
 # Response headers never passed back to the client.
