@@ -24,6 +24,7 @@ from gpupool.gateway.proxy import Proxy
 from gpupool.gateway.routing.policy import Router
 from gpupool.gateway.security.limits import KeyLimits
 from gpupool.gateway.upstream.client import UpstreamClient
+from gpupool.ops.sd_file import sd_file_path, write_sd_file
 from gpupool.workers.registry import MediaCaps, Registry, Worker, WorkerState
 from gpupool.workers.remote import RemotePoller
 from gpupool.workers.supervisor.command import capacity_of, media_limits_of
@@ -84,6 +85,7 @@ class Services:
     config_path: str | Path | None = None
 
     async def start(self) -> None:
+        self.write_sd_file()
         await self.admission.start()
         await self.poller.start()
         await self.supervisor.start()
@@ -133,6 +135,18 @@ class Services:
         log.info("worker %s: %s -> %s", worker.name, old.value, worker.state.value)
         if worker.state is WorkerState.ready:
             self.admission.poke(worker.name)
+        self.write_sd_file()
+
+    def write_sd_file(self) -> None:
+        """Keep Prometheus' file-SD list of worker /metrics targets current (off the loop)."""
+        path = sd_file_path(self.cfg.server.state_dir)
+        workers = list(self.registry)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            write_sd_file(path, workers)
+            return
+        loop.run_in_executor(None, write_sd_file, path, workers)
 
 
 def build_services(
