@@ -45,6 +45,7 @@ class Outcome:
     status: int | None = None
     worker: str | None = None
     elapsed_s: float = 0.0
+    ended: float = 0.0  # time.monotonic() when the client was done
     detail: str = ""
 
     @property
@@ -141,7 +142,8 @@ async def call(
     except httpx.TransportError as e:
         out.label = "conn-error" if out.status is None else "LOST:cut-mid-body"
         out.detail = type(e).__name__
-    out.elapsed_s = time.monotonic() - t0
+    out.ended = time.monotonic()
+    out.elapsed_s = out.ended - t0
     return out
 
 
@@ -172,7 +174,8 @@ async def call_and_leave(
         out.label = "timeout"
     except httpx.TransportError as e:
         out.label, out.detail = "conn-error", type(e).__name__
-    out.elapsed_s = time.monotonic() - t0
+    out.ended = time.monotonic()
+    out.elapsed_s = out.ended - t0
     return out
 
 

@@ -29,6 +29,7 @@ import pytest
 import yaml
 
 from gpupool.config.models import ServerConfig, WarmupItem, WorkerConfig
+from gpupool.workers.gpus import GpuInfo
 from gpupool.workers.registry import MediaCaps, Registry, Worker, WorkerState
 from gpupool.workers.supervisor import (
     LaunchConfigError,
@@ -184,11 +185,14 @@ class FakeNvml(types.ModuleType):
         return [(12, 0), (12, 0), (9, 0)][handle]
 
 
-def test_gpu_cache_keys_group_cards_by_compute_capability(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    nvml = FakeNvml()
-    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+def test_gpu_cache_keys_group_cards_by_compute_capability() -> None:
+    gib = 1024**3
+    gpus = [
+        GpuInfo(0, "NVIDIA RTX PRO 6000 Blackwell", 96 * gib, 96 * gib, (12, 0), "u0"),
+        GpuInfo(1, "NVIDIA GeForce RTX 5090", 32 * gib, 32 * gib, (12, 0), "u1"),
+        GpuInfo(2, "NVIDIA H100", 80 * gib, 80 * gib, (9, 0), "u2"),
+        GpuInfo(3, "NVIDIA H100", 80 * gib, 80 * gib, (9, 0), "u3"),
+    ]
     workers = [
         seed_worker(),
         seed_worker(gpus=[1]),
@@ -197,8 +201,9 @@ def test_gpu_cache_keys_group_cards_by_compute_capability(
     ]
     for name, w in zip(["pro6000", "rtx5090", "h100", "cpu"], workers, strict=True):
         w.name = name
-    keys = detect_cache_keys(workers)
-    assert keys == {"pro6000": "sm_120", "rtx5090": "sm_120", "h100": "sm_90"} and nvml.shut
+    keys = detect_cache_keys(workers, gpus)
+    assert set(keys) == {"pro6000", "rtx5090", "h100"}
+    assert keys["pro6000"] == keys["rtx5090"] != keys["h100"]
 
 
 def test_capacity_from_max_inflight_else_max_num_seqs() -> None:

@@ -7,7 +7,6 @@ import click
 from gpupool.config.models import GpupoolConfig
 from gpupool.workers.gpus import discover_gpus
 from gpupool.workers.planner import ModelSpec, check_config, load_worker_specs
-from gpupool.workers.supervisor.command import check_launch
 
 
 def run_check(cfg: GpupoolConfig, config_path: str) -> int:
@@ -17,12 +16,7 @@ def run_check(cfg: GpupoolConfig, config_path: str) -> int:
         name: s for name, s in loaded.items() if not isinstance(s, str)
     }
     findings = check_config(cfg, gpus, specs)
-    problems = [
-        f"workers[{i}].{p}"
-        for i, wc in enumerate(cfg.workers)
-        if wc.launch is not None
-        for p in check_launch(wc.launch)
-    ]
+    problems: list[str] = []  # launch-arg problems already failed the load
     for f in findings:
         colour = "red" if f.level == "error" else "yellow"
         click.secho(f"{f.level}: {f.path}: {f.message}", fg=colour, err=True)

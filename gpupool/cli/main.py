@@ -22,8 +22,15 @@ Examples:
 
 
 def _load(path: str) -> GpupoolConfig:
+    from gpupool.workers.supervisor.command import check_launch
+
     try:
-        return load_config(path)
+        cfg = load_config(path)
+        problems = [f"workers[{i}].{p}" for i, w in enumerate(cfg.workers) if w.launch
+                    for p in check_launch(w.launch)]  # fmt: skip
+        if problems:
+            raise ConfigError(problems)
+        return cfg
     except ConfigError as e:
         click.echo(f"error: invalid configuration {path}:", err=True)
         for p in e.problems:

@@ -25,9 +25,11 @@ from gpupool.gateway.routing.policy import Router
 from gpupool.gateway.security.limits import KeyLimits
 from gpupool.gateway.upstream.client import UpstreamClient
 from gpupool.ops.sd_file import sd_file_path, write_sd_file
+from gpupool.workers.gpus import discover_gpus
 from gpupool.workers.registry import MediaCaps, Registry, Worker, WorkerState
 from gpupool.workers.remote import RemotePoller
 from gpupool.workers.supervisor.command import capacity_of, media_limits_of
+from gpupool.workers.supervisor.gpus import detect_cache_keys
 from gpupool.workers.supervisor.supervisor import Supervisor
 
 log = logging.getLogger("gpupool")
@@ -167,7 +169,11 @@ def build_services(
     proxy = Proxy(cfg, registry, catalog, router, admission, client, metrics)
     poller = RemotePoller(registry, client.session, cfg.routing)
     launched = [wc for wc in cfg.workers if wc.launch is not None]
-    supervisor = Supervisor(registry, launched, cfg.server, client.session)
+    cache_keys = detect_cache_keys(launched, discover_gpus()) if launched else {}
+    supervisor = Supervisor(
+        registry, launched, cfg.server, client.session, gpu_cache_keys=cache_keys,
+        health_interval_s=cfg.routing.health_interval_s, fail_threshold=cfg.routing.fail_threshold,
+    )  # fmt: skip
     redis_url = cfg.queue.redis_url if cfg.queue.backend is QueueBackend.redis else None
     key_limits = KeyLimits(redis_url, cfg.queue.redis_prefix)
     services = Services(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -100,7 +101,9 @@ def build_command(worker: WorkerConfig, port: int) -> list[str]:
     if problems:
         raise LaunchConfigError([f"workers.{worker.name}.{p}" for p in problems])
     argv = [
-        part.replace("{model_path}", launch.model_path).replace("{port}", str(port))
+        part.replace("{model_path}", launch.model_path)
+        .replace("{port}", str(port))
+        .replace("{python}", sys.executable)
         for part in launch.command
     ]
     for key, value in launch.args.items():

@@ -1,0 +1,438 @@
+"""Faults injected into a running pool: real `gpupool serve` gateways, simulated workers and
+`redis-server` processes that the tests kill, freeze, slow down and overload.
+
+Every scenario checks the same four things and prints one ``FAULT-RESULT`` line (``pytest -s``):
+what the clients saw (labels from ``tests/fault_tools.py``), that no request was executed twice
+(``request_ids`` over all workers), that none was lost without an error, and that capacity came
+back (a new request succeeds; no in-flight count or held slot remains), with how long that took.
+``docs/reliability.md`` holds the numbers of one run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.fault_tools import (
+    MODEL,
+    Outcome,
+    async_client,
+    body,
+    call,
+    call_and_leave,
+    duplicates,
+    executed,
+    fresh_request,
+    gateway_config,
+    held_slots,
+    labels,
+    queue_depth,
+    raise_fd_limit,
+    report,
+    rid,
+    settled,
+    sim_stats,
+    wait_state,
+    wait_until,
+    workers,
+)
+from tests.procs import Proc, gateway, redis_server, running, sim
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+NO_AFFINITY = {"prefix_affinity": False}
+
+
+def _since(t0: float) -> float:
+    return round(time.monotonic() - t0, 2)
+
+
+async def _concurrent(url: str, n: int, prefix: str, **kw: Any) -> list[Outcome]:
+    """``n`` requests at once, every other one streaming."""
+    async with async_client(n, kw.pop("timeout", 30.0)) as c:
+        return await asyncio.gather(
+            *(
+                call(c, url, body(f"{prefix} {i}", stream=i % 2 == 1, **kw), rid(prefix))
+                for i in range(n)
+            )
+        )
+
+
+async def _sequential(url: str, n: int, prefix: str) -> list[Outcome]:
+    async with async_client(1) as c:
+        return [
+            await call(c, url, body(f"{prefix} {i}", stream=i % 2 == 1), rid(prefix))
+            for i in range(n)
+        ]
+
+
+def _assert_nothing_lost(outcomes: list[Outcome], allowed: set[str]) -> None:
+    seen = labels(outcomes)
+    lost = [o for o in outcomes if o.lost]
+    assert not lost, f"lost without an error: {[(o.rid, o.label, o.detail) for o in lost]}"
+    assert set(seen) <= allowed, seen
+
+
+# ---- a worker killed (SIGKILL) ------------------------------------------------------------------
+
+
+def test_worker_killed_while_idle(tmp_path: Path) -> None:
+    a, b = (sim(model=MODEL, tmp=tmp_path, max_num_seqs=8) for _ in range(2))
+    gw = gateway(gateway_config([("a", a, 4), ("b", b, 4)], routing=NO_AFFINITY), tmp_path)
+    with running(a, b), running(gw, ready_path="/ready"):
+        warm = asyncio.run(_concurrent(gw.url, 8, "warm"))
+        assert {o.worker for o in warm} == {"a", "b"}, "both workers should have served"
+        before = executed(a)
+        a.kill()
+        t0 = time.monotonic()
+        after = asyncio.run(_sequential(gw.url, 20, "after-kill"))
+        wait_state(gw, "a", "failed")
+        out_s = _since(t0)
+        recovery = settled([gw], [b])
+        fresh = fresh_request(gw)
+        ids = before + executed(b)
+        report("worker kill -9, idle", clients=labels(after), workers_after=_workers_seen(after),
+               duplicates=len(duplicates(ids)), first_request_s=round(after[0].elapsed_s, 3),
+               marked_out_s=out_s, settle_s=round(recovery, 2), fresh=fresh.label)  # fmt: skip
+        _assert_nothing_lost(after, {"200"})
+        assert {o.worker for o in after} == {"b"}
+        assert workers(gw)["a"]["state"] == "failed" and workers(gw)["a"]["last_error"]
+        assert not duplicates(ids)
+        assert fresh.label == "200"
+
+
+def _workers_seen(outcomes: list[Outcome]) -> dict[str, int]:
+    seen: dict[str, int] = {}
+    for o in outcomes:
+        seen[o.worker or "-"] = seen.get(o.worker or "-", 0) + 1
+    return seen
+
+
+def test_worker_killed_mid_stream(tmp_path: Path) -> None:
+    victim = sim(model=MODEL, tmp=tmp_path, max_num_seqs=8, itl_ms=100, output_tokens=200)
+    other = sim(model=MODEL, tmp=tmp_path, max_num_seqs=8, itl_ms=30, output_tokens=200)
+    cfg = gateway_config([("victim", victim, 4), ("other", other, 4)], routing=NO_AFFINITY)
+    gw = gateway(cfg, tmp_path)
+    with running(victim, other), running(gw, ready_path="/ready"):
+
+        async def scenario() -> tuple[list[Outcome], list[str], float]:
+            async with async_client(8) as c:
+                tasks = [
+                    asyncio.create_task(
+                        call(c, gw.url, body(f"s{i}", max_tokens=60, stream=True), rid("mid"))
+                    )
+                    for i in range(8)
+                ]
+                await asyncio.to_thread(
+                    wait_until, "both workers streaming 4",
+                    lambda: sim_stats(victim)["running"] == 4 == sim_stats(other)["running"], 15,
+                )  # fmt: skip
+                await asyncio.sleep(0.3)  # some tokens went out on every stream
+                ids = executed(victim)
+                victim.kill()
+                t_kill = time.monotonic()
+                return await asyncio.gather(*tasks), ids, t_kill
+
+        outcomes, victim_ids, t_kill = asyncio.run(scenario())
+        wait_state(gw, "victim", "failed")
+        out_s = _since(t_kill)
+        recovery = settled([gw], [other])
+        fresh = fresh_request(gw, stream=True)
+        by_worker = {w: labels(o for o in outcomes if o.worker == w) for w in ("victim", "other")}
+        ids = victim_ids + executed(other)
+        told_s = max(o.ended for o in outcomes if o.worker == "victim") - t_kill
+        report("worker kill -9, mid-stream", clients=by_worker, duplicates=len(duplicates(ids)),
+               error_event_after_kill_s=round(told_s, 3), marked_out_s=out_s, settle_s=round(recovery, 2), fresh=fresh.label)  # fmt: skip
+        _assert_nothing_lost(outcomes, {"200", "200+error-event"})
+        assert by_worker == {"victim": {"200+error-event": 4}, "other": {"200": 4}}
+        assert not duplicates(ids)
+        assert fresh.label == "200" and fresh.worker == "other"
+
+
+# ---- a worker frozen (SIGSTOP), then thawed -----------------------------------------------------
+
+
+def _frozen_pool(tmp_path: Path) -> tuple[Proc, Proc, Proc]:
+    a, b = (sim(model=MODEL, tmp=tmp_path, max_num_seqs=16, ttft_ms=20) for _ in range(2))
+    server = {"upstream_read_timeout_s": 2.0, "upstream_connect_timeout_s": 1.0}
+    cfg = gateway_config([("a", a, 4), ("b", b, 4)], routing=NO_AFFINITY, server=server)
+    return a, b, gateway(cfg, tmp_path)
+
+
+def _freeze_and_thaw(a: Proc, b: Proc, gw: Proc) -> dict[str, Any]:
+    a.kill(signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        during = asyncio.run(_concurrent(gw.url, 12, "frozen"))
+        wait_state(gw, "a", "failed", timeout=30)
+        out_s = _since(t0)
+        while_out = asyncio.run(_sequential(gw.url, 6, "while-out"))
+    finally:
+        a.kill(signal.SIGCONT)
+    t1 = time.monotonic()
+    wait_state(gw, "a", "ready", timeout=30)
+    back_s = _since(t1)
+    recovery = settled([gw], [a, b])
+    fresh = fresh_request(gw)
+    ids = executed(a, b)
+    result = {"during": during, "while_out": while_out, "out_s": out_s, "back_s": back_s,
+              "settle_s": round(recovery, 2), "fresh": fresh, "duplicates": duplicates(ids)}  # fmt: skip
+    report("worker frozen (SIGSTOP), then SIGCONT", clients=labels(during),
+           slowest_s=round(max(o.elapsed_s for o in during), 2), while_out=labels(while_out),
+           marked_out_s=out_s, back_after_sigcont_s=back_s, settle_s=result["settle_s"],
+           duplicates=len(result["duplicates"]), fresh=fresh.label)  # fmt: skip
+    return result
+
+
+def test_worker_frozen_is_timed_out_taken_out_and_comes_back(tmp_path: Path) -> None:
+    a, b, gw = _frozen_pool(tmp_path)
+    with running(a, b), running(gw, ready_path="/ready"):
+        r = _freeze_and_thaw(a, b, gw)
+        _assert_nothing_lost(r["during"], {"200"})
+        assert max(o.elapsed_s for o in r["during"]) < 2.0 + 5.0  # read timeout, retry, slack
+        assert {o.worker for o in r["while_out"]} == {"b"}
+        assert r["fresh"].label == "200"
+        assert all(w["inflight"] == 0 for w in workers(gw).values())
+
+
+# ---- a worker slow to start ---------------------------------------------------------------------
+
+
+def test_worker_slow_to_start(tmp_path: Path) -> None:
+    delay = 4.0
+    slow = sim(model=MODEL, tmp=tmp_path, max_num_seqs=8, startup_delay_s=delay)
+    gw = gateway(gateway_config([("slow", slow, 4)]), tmp_path)
+    slow.start()
+    t0 = time.monotonic()
+    with running(gw, ready_path="/health"):
+        try:
+            r = httpx.get(gw.url + "/ready", timeout=5)
+            assert r.status_code == 503 and r.json()["missing_models"] == [MODEL]
+
+            async def scenario() -> tuple[list[Outcome], list[Outcome], float]:
+                async with async_client(8, 30) as c:
+                    patient = [
+                        call(c, gw.url, body(f"p{i}", stream=i % 2 == 1), rid("patient"),
+                             headers={"x-gpupool-max-wait": "20"})  # fmt: skip
+                        for i in range(6)
+                    ]
+                    hasty = [
+                        call(c, gw.url, body("h", stream=False), rid("hasty"),
+                             headers={"x-gpupool-max-wait": "0.5"})  # fmt: skip
+                        for i in range(2)
+                    ]
+                    ready_s = asyncio.to_thread(
+                        wait_until, "/ready 200",
+                        lambda: httpx.get(gw.url + "/ready").status_code == 200, 30,
+                    )  # fmt: skip
+                    *outs, ready = await asyncio.gather(*patient, *hasty, ready_s)
+                    return list(outs[:6]), list(outs[6:]), ready
+
+            patient, hasty, _ = asyncio.run(scenario())
+            ready_s = _since(t0)
+            recovery = settled([gw], [slow])
+            fresh = fresh_request(gw)
+            ids = executed(slow)
+            report("worker slow to start (startup_delay_s=4)", queued_clients=labels(patient),
+                   impatient_clients=labels(hasty), ready_after_start_s=ready_s,
+                   queued_waited_s=round(max(o.elapsed_s for o in patient), 2),
+                   duplicates=len(duplicates(ids)), settle_s=round(recovery, 2),
+                   fresh=fresh.label)  # fmt: skip
+            _assert_nothing_lost(patient + hasty, {"200", "429"})
+            assert labels(patient) == {"200": 6}
+            assert labels(hasty) == {"429": 2}
+            assert delay - 1 < ready_s < delay + 10
+            assert not duplicates(ids) and len(ids) == 6 + 1  # + the fresh one
+            assert fresh.label == "200"
+        finally:
+            slow.stop()
+
+
+# ---- Redis killed and restarted under load ------------------------------------------------------
+
+
+async def _load_until(url: str, stop: asyncio.Event, loops: int, prefix: str) -> list[Outcome]:
+    """``loops`` clients sending one request after another until ``stop`` (at most 300 each)."""
+    async with async_client(loops) as c:
+
+        async def loop(k: int) -> list[Outcome]:
+            outs: list[Outcome] = []
+            for i in range(300):
+                if stop.is_set():
+                    break
+                outs.append(await call(c, url, body(f"{prefix}{k}-{i}", stream=i % 2 == 1),
+                                       rid(prefix)))  # fmt: skip
+            return outs
+
+        per_loop = await asyncio.gather(*(loop(k) for k in range(loops)))
+    return [o for outs in per_loop for o in outs]
+
+
+def test_redis_killed_and_restarted_under_load(tmp_path: Path) -> None:
+    redis = redis_server(tmp_path)
+    w = sim(model=MODEL, tmp=tmp_path, max_num_seqs=64, ttft_ms=50)
+    queue = {"backend": "redis", "redis_url": redis.url, "lease_ttl_s": 2.0,
+             "on_redis_down": "local", "replicas_hint": 1}  # fmt: skip
+    gw = gateway(gateway_config([("w", w, 2)], queue=queue), tmp_path)
+    redis2 = Proc(redis.argv, redis.url, tmp_path / "redis-again.log")
+    with running(redis, ready_path=""), running(w), running(gw, ready_path="/ready"):
+        try:
+
+            async def scenario() -> tuple[list[Outcome], dict[str, float]]:
+                stop = asyncio.Event()
+                load = asyncio.create_task(_load_until(gw.url, stop, 6, "r"))
+                await asyncio.sleep(1.5)
+                redis.kill()
+                t_kill = time.monotonic()
+                await asyncio.to_thread(wait_until, "redis_up false", lambda: not _redis_up(gw), 10)
+                down_s = _since(t_kill)
+                await asyncio.sleep(2.0)
+                redis2.start()
+                t_restart = time.monotonic()
+                await asyncio.to_thread(wait_until, "redis_up true", lambda: _redis_up(gw), 15)
+                up_s = _since(t_restart)
+                await asyncio.sleep(1.5)
+                stop.set()
+                return await load, {"noticed_down_s": down_s, "back_on_redis_s": up_s}
+
+            outcomes, times = asyncio.run(scenario())
+            recovery = settled([gw], [w])
+            fresh = fresh_request(gw)
+            ids, peak = executed(w), sim_stats(w)["peak_running"]
+            report("Redis killed and restarted (on_redis_down: local)", clients=labels(outcomes),
+                   slowest_s=round(max(o.elapsed_s for o in outcomes), 2), peak_running=peak,
+                   duplicates=len(duplicates(ids)), settle_s=round(recovery, 2),
+                   fresh=fresh.label, **times)  # fmt: skip
+            _assert_nothing_lost(outcomes, {"200"})
+            assert peak <= 2
+            assert not duplicates(ids) and len(ids) == len(outcomes) + 1  # + the fresh one
+            assert fresh.label == "200" and _redis_up(gw)
+        finally:
+            redis2.stop()
+
+
+def _redis_up(gw: Proc) -> bool:
+    return bool(httpx.get(gw.url + "/admin/queue", timeout=5).json()["redis_up"])
+
+
+# ---- a gateway replica killed while it holds slots ----------------------------------------------
+
+
+def test_replica_killed_while_holding_slots(tmp_path: Path) -> None:
+    redis = redis_server(tmp_path)
+    w = sim(model=MODEL, tmp=tmp_path, max_num_seqs=64, ttft_ms=20, itl_ms=200, output_tokens=200)
+    ttl = 2.0
+    queue = {"backend": "redis", "redis_url": redis.url, "lease_ttl_s": ttl}
+    cfg = gateway_config([("w", w, 2)], queue=queue)
+    a, b = gateway(cfg, tmp_path), gateway(cfg, tmp_path)
+    with running(redis, ready_path=""), running(w), running(a, b, ready_path="/ready"):
+
+        async def scenario() -> tuple[list[Outcome], list[Outcome], float]:
+            async with async_client(8, 30) as c:
+                holders = [
+                    asyncio.create_task(call(c, a.url, body(f"hold{i}", max_tokens=100,
+                                                            stream=True), rid("on-a")))
+                    for i in range(2)
+                ]  # fmt: skip
+                await asyncio.to_thread(
+                    wait_until, "a holds both slots", lambda: sim_stats(w)["running"] == 2, 10
+                )
+                waiting = [
+                    asyncio.create_task(call(c, b.url, body(f"b{i}"), rid("on-b")))
+                    for i in range(3)
+                ]
+                await asyncio.to_thread(wait_until, "3 queued on b", lambda: queue_depth(b) == 3, 10)
+                a.kill()
+                t_kill = time.monotonic()
+                return await asyncio.gather(*holders), await asyncio.gather(*waiting), t_kill
+
+        held, queued, t_kill = asyncio.run(scenario())
+        first_grant_s = round(min(o.elapsed_s for o in queued), 2)
+        recovery = settled([b], [w])
+        fresh = fresh_request(b)
+        ids, peak = executed(w), sim_stats(w)["peak_running"]
+        report("gateway replica kill -9 holding slots (lease_ttl_s=2)",
+               killed_replica_clients=labels(held), other_replica_clients=labels(queued),
+               capacity_back_after_kill_s=_since(t_kill) - recovery, peak_running=peak,
+               queued_waited_max_s=round(max(o.elapsed_s for o in queued), 2),
+               duplicates=len(duplicates(ids)), settle_s=round(recovery, 2),
+               fresh=fresh.label)  # fmt: skip
+        assert labels(held) == {"LOST:cut-mid-body": 2}  # their gateway died: a transport error
+        _assert_nothing_lost(queued, {"200"})
+        assert peak <= 2
+        assert first_grant_s < ttl + 4.0
+        assert not duplicates(ids)
+        assert fresh.label == "200"
+
+
+# ---- 1,000 clients leaving mid-stream ----------------------------------------------------------
+
+
+def test_thousand_clients_disconnect_mid_stream(tmp_path: Path) -> None:
+    n = 1000
+    raise_fd_limit(16384)  # the gateway needs ~2 fds per stream; children inherit the limit
+    s1, s2 = (
+        sim(model=MODEL, tmp=tmp_path, max_num_seqs=600, ttft_ms=20, itl_ms=250, output_tokens=400)
+        for _ in range(2)
+    )
+    cfg = gateway_config([("s1", s1, 600), ("s2", s2, 600)], queue={"max_queued": 2000})
+    gw = gateway(cfg, tmp_path)
+    with running(s1, s2), running(gw, ready_path="/ready"):
+
+        async def scenario() -> list[Outcome]:
+            async with async_client(n, 90) as c:
+                return await asyncio.gather(
+                    *(call_and_leave(c, gw.url, body(f"d{i}", max_tokens=300, stream=True),
+                                     rid("leave")) for i in range(n))
+                )  # fmt: skip
+
+        t0 = time.monotonic()
+        outcomes = asyncio.run(scenario())
+        clients_s = _since(t0)
+        recovery = settled([gw], [s1, s2], timeout=60)
+        fresh = fresh_request(gw, stream=True)
+        st = [sim_stats(s1), sim_stats(s2)]
+        ids = executed(s1, s2)
+        report("1,000 clients disconnect mid-stream", clients=labels(outcomes),
+               all_clients_done_s=clients_s, started=len(ids),
+               aborted=sum(s["aborted_total"] for s in st), duplicates=len(duplicates(ids)),
+               settle_s=round(recovery, 2), fresh=fresh.label)  # fmt: skip
+        assert labels(outcomes) == {"left": n}
+        assert not duplicates(ids)
+        assert sum(s["aborted_total"] for s in st) == len(ids) - 1  # all but the fresh request
+        assert all(s["running"] == 0 for s in st) and recovery >= 0
+        assert all(w_["inflight"] == 0 for w_ in workers(gw).values())
+        assert fresh.label == "200"
+
+
+# ---- 10x overload -------------------------------------------------------------------------------
+
+
+def test_ten_times_overload_burst(tmp_path: Path) -> None:
+    s1, s2 = (sim(model=MODEL, tmp=tmp_path, max_num_seqs=64, ttft_ms=100) for _ in range(2))
+    capacity = 8
+    cfg = gateway_config([("s1", s1, 4), ("s2", s2, 4)], queue={"max_queued": 8})
+    gw = gateway(cfg, tmp_path)
+    with running(s1, s2), running(gw, ready_path="/ready"):
+        t0 = time.monotonic()
+        outcomes = asyncio.run(_concurrent(gw.url, 10 * capacity, "burst"))
+        burst_s = _since(t0)
+        recovery = settled([gw], [s1, s2])
+        fresh = fresh_request(gw)
+        ids = executed(s1, s2)
+        peaks = {"s1": sim_stats(s1)["peak_running"], "s2": sim_stats(s2)["peak_running"]}
+        seen = labels(outcomes)
+        report("10x overload burst (80 clients, capacity 8, max_queued 8)", clients=seen,
+               peak_running=peaks, burst_s=burst_s, duplicates=len(duplicates(ids)),
+               settle_s=round(recovery, 2), fresh=fresh.label)  # fmt: skip
+        _assert_nothing_lost(outcomes, {"200", "429"})
+        assert seen.get("429", 0) > 0 and seen.get("200", 0) >= capacity + 8
+        assert peaks["s1"] <= 4 and peaks["s2"] <= 4
+        assert not duplicates(ids) and len(ids) == seen["200"] + 1
+        assert fresh.label == "200"
