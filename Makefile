@@ -6,7 +6,7 @@ VLLM_VENV := .venv-vllm
 MODELS := .models
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck unit vllm-setup models bench clean
+.PHONY: install run test lint typecheck unit vllm-setup models ops-deps bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -18,9 +18,12 @@ install: $(STAMP)
 run: install
 	$(BIN)/gpupool serve --config config/gpupool.yaml
 
+LINT_PATHS := gpupool tests bench scripts docker/grafana
+
 lint: install
-	$(BIN)/ruff check gpupool tests bench scripts
-	$(BIN)/ruff format --check gpupool tests bench scripts
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/ruff format --check $(LINT_PATHS)
+	$(BIN)/python docker/grafana/generate.py --check
 
 typecheck: install
 	$(BIN)/mypy
@@ -31,10 +34,13 @@ vllm-setup:
 models: vllm-setup
 	$(VLLM_VENV)/bin/python scripts/make_tiny_models.py $(MODELS)
 
+ops-deps:
+	bash scripts/install_ops_deps.sh
+
 unit: install
 	$(BIN)/pytest -q -m "not vllm"
 
-test: install lint typecheck models
+test: install lint typecheck models ops-deps
 	GPUPOOL_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python GPUPOOL_TINY_MODELS=$(CURDIR)/$(MODELS) \
 		$(BIN)/pytest -q
 

@@ -24,6 +24,7 @@ Tokenizer details that matter for tests (see docs/real-vllm-notes.md):
   * <think>, </think>, <tool_call>, </tool_call> are added tokens but NOT special, so vLLM's
     default skip_special_tokens=true keeps them in the output text (as Qwen's tokenizers do).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -109,7 +110,7 @@ _SNIPPETS = [
     "for i in range(10):\n    print(i)\n",
     "x = [1, 2, 3]; y = {'a': 1, 'b': 2}\n",
     "<think>\nLet me think step by step.\n</think>\n\nThe answer is 42.",
-    "<tool_call>\n{\"name\": \"lookup\", \"arguments\": {\"q\": \"abc\"}}\n</tool_call>",
+    '<tool_call>\n{"name": "lookup", "arguments": {"q": "abc"}}\n</tool_call>',
     "<|im_start|>user\nHi there!<|im_end|>\n<|im_start|>assistant\nHello! How can I help?<|im_end|>\n",
     "Numbers: 0 1 2 3 4 5 6 7 8 9 10 42 100 2048 3.14 -7 1e-6",
     "Punctuation: . , ; : ! ? ' \" ( ) [ ] { } < > / \\ | - _ + = * & ^ % $ # @ ~ `",
@@ -126,7 +127,9 @@ _SYLLABLES = (
 def training_corpus(seed: int = SEED, n_lines: int = 12000) -> list[str]:
     """Deterministic pseudo-English + code/JSON/ChatML text (no files, no network)."""
     rng = random.Random(seed)
-    pseudo = ["".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(1, 3))) for _ in range(1500)]
+    pseudo = [
+        "".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(1, 3))) for _ in range(1500)
+    ]
     vocab = _WORDS * 4 + pseudo
     lines: list[str] = []
     for i in range(n_lines):
@@ -183,7 +186,10 @@ def _save_common(model, tokenizer, out: Path):
     import torch
     from transformers import GenerationConfig
 
-    eos = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")]
+    eos = [
+        tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+    ]
     model.generation_config = GenerationConfig(
         eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, bos_token_id=None
     )

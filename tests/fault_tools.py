@@ -8,11 +8,13 @@ A client's view of one request is an :class:`Outcome` with a short ``label``:
     "<status>"          an error status with the OpenAI envelope (429 also needs Retry-After)
     "left"              the client hung up on purpose after its first bytes
     "conn-error"        no HTTP answer at all (the process the client talked to is gone)
+    "conn-cut"          a 200 whose body the connection cut short: the client's HTTP library
+                        raises (an incomplete chunked body), so it is an error, not a silence
     "timeout"           no answer within the client's timeout: a hang
     "LOST:<why>"        anything else: a truncated stream, a bare 5xx, a 429 without Retry-After
 
-Only the last three count as a request lost without an error; ``conn-error`` is honest only
-where the test killed the process the client was talking to.
+Only the last two count as a request lost without an error; ``conn-error`` and ``conn-cut`` are
+honest only where the test killed the process the client was talking to.
 """
 
 from __future__ import annotations
@@ -140,7 +142,7 @@ async def call(
     except httpx.TimeoutException:
         out.label = "timeout"
     except httpx.TransportError as e:
-        out.label = "conn-error" if out.status is None else "LOST:cut-mid-body"
+        out.label = "conn-error" if out.status is None else "conn-cut"
         out.detail = type(e).__name__
     out.ended = time.monotonic()
     out.elapsed_s = out.ended - t0
@@ -234,8 +236,7 @@ def settled(gws: list[Proc], sims: list[Proc], timeout: float = 15) -> float:
         if any(sim_stats(s)["running"] for s in sims):
             return False
         return all(
-            held_slots(g) == 0 and all(w["inflight"] == 0 for w in workers(g).values())
-            for g in gws
+            held_slots(g) == 0 and all(w["inflight"] == 0 for w in workers(g).values()) for g in gws
         )
 
     return wait_until("workers idle, no in-flight, no held slot", idle, timeout)
@@ -292,8 +293,9 @@ def gateway_config(
     return {
         "server": {"expose_worker_header": True, **extra.pop("server", {})},
         "models": [{"name": MODEL}],
-        "workers": [{"name": n, "model": MODEL, "url": p.url, "max_inflight": c}
-                    for n, p, c in workers_],  # fmt: skip
+        "workers": [
+            {"name": n, "model": MODEL, "url": p.url, "max_inflight": c} for n, p, c in workers_
+        ],
         "queue": {"max_wait_s": 30, "keepalive_interval_s": 0.5, **(queue or {})},
         "routing": routing,
         **extra,

@@ -156,20 +156,15 @@ def test_worker_killed_mid_stream(tmp_path: Path) -> None:
 
 
 # ---- a worker frozen (SIGSTOP), then thawed -----------------------------------------------------
+# One run, several verdicts: the run happens once (module fixture), each property is a test.
 
 
-def _frozen_pool(tmp_path: Path) -> tuple[Proc, Proc, Proc]:
-    a, b = (sim(model=MODEL, tmp=tmp_path, max_num_seqs=16, ttft_ms=20) for _ in range(2))
-    server = {"upstream_read_timeout_s": 2.0, "upstream_connect_timeout_s": 1.0}
-    cfg = gateway_config([("a", a, 4), ("b", b, 4)], routing=NO_AFFINITY, server=server)
-    return a, b, gateway(cfg, tmp_path)
-
-
-def _freeze_and_thaw(a: Proc, b: Proc, gw: Proc) -> dict[str, Any]:
+def _freeze(a: Proc, gw: Proc, traffic: bool) -> dict[str, Any]:
+    """Freeze ``a``; with ``traffic``, 12 clients arrive at once. Until ``a`` is out, then thaw."""
     a.kill(signal.SIGSTOP)
     t0 = time.monotonic()
     try:
-        during = asyncio.run(_concurrent(gw.url, 12, "frozen"))
+        during = asyncio.run(_concurrent(gw.url, 12, "frozen")) if traffic else []
         wait_state(gw, "a", "failed", timeout=30)
         out_s = _since(t0)
         while_out = asyncio.run(_sequential(gw.url, 6, "while-out"))
@@ -177,28 +172,89 @@ def _freeze_and_thaw(a: Proc, b: Proc, gw: Proc) -> dict[str, Any]:
         a.kill(signal.SIGCONT)
     t1 = time.monotonic()
     wait_state(gw, "a", "ready", timeout=30)
-    back_s = _since(t1)
-    recovery = settled([gw], [a, b])
-    fresh = fresh_request(gw)
-    ids = executed(a, b)
-    result = {"during": during, "while_out": while_out, "out_s": out_s, "back_s": back_s,
-              "settle_s": round(recovery, 2), "fresh": fresh, "duplicates": duplicates(ids)}  # fmt: skip
-    report("worker frozen (SIGSTOP), then SIGCONT", clients=labels(during),
-           slowest_s=round(max(o.elapsed_s for o in during), 2), while_out=labels(while_out),
-           marked_out_s=out_s, back_after_sigcont_s=back_s, settle_s=result["settle_s"],
-           duplicates=len(result["duplicates"]), fresh=fresh.label)  # fmt: skip
-    return result
+    return {"during": during, "while_out": while_out, "out_s": out_s, "back_s": _since(t1)}
 
 
-def test_worker_frozen_is_timed_out_taken_out_and_comes_back(tmp_path: Path) -> None:
-    a, b, gw = _frozen_pool(tmp_path)
+@pytest.fixture(scope="module")
+def frozen(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("frozen")
+    a, b = (sim(model=MODEL, tmp=tmp, max_num_seqs=16, ttft_ms=20) for _ in range(2))
+    server = {"upstream_read_timeout_s": 2.0, "upstream_connect_timeout_s": 1.0}
+    cfg = gateway_config([("a", a, 4), ("b", b, 4)], routing=NO_AFFINITY, server=server)
+    gw = gateway(cfg, tmp)
     with running(a, b), running(gw, ready_path="/ready"):
-        r = _freeze_and_thaw(a, b, gw)
-        _assert_nothing_lost(r["during"], {"200"})
-        assert max(o.elapsed_s for o in r["during"]) < 2.0 + 5.0  # read timeout, retry, slack
-        assert {o.worker for o in r["while_out"]} == {"b"}
-        assert r["fresh"].label == "200"
-        assert all(w["inflight"] == 0 for w in workers(gw).values())
+        quiet = _freeze(a, gw, traffic=False)  # only the health check can notice
+        busy = _freeze(a, gw, traffic=True)  # requests time out first
+        recovery = settled([gw], [a, b])
+        fresh = fresh_request(gw)
+        ids = executed(a, b)
+        run = {"quiet": quiet, "busy": busy, "settle_s": round(recovery, 2), "fresh": fresh,
+               "duplicates": duplicates(ids), "inflight": [w["inflight"] for w in
+                                                            workers(gw).values()]}  # fmt: skip
+    during = busy["during"]
+    report("worker frozen (SIGSTOP), then SIGCONT", clients=labels(during),
+           slowest_s=round(max(o.elapsed_s for o in during), 2),
+           while_out=labels(quiet["while_out"] + busy["while_out"]),
+           out_by_health_check_s=quiet["out_s"], out_under_traffic_s=busy["out_s"],
+           back_after_sigcont_s=[quiet["back_s"], busy["back_s"]], settle_s=run["settle_s"],
+           duplicates=len(run["duplicates"]), fresh=fresh.label)  # fmt: skip
+    return run
+
+
+def test_frozen_worker_requests_time_out_and_are_retried(frozen: dict[str, Any]) -> None:
+    during = frozen["busy"]["during"]
+    _assert_nothing_lost(during, {"200"})
+    assert max(o.elapsed_s for o in during) < 2.0 + 5.0  # the read timeout, a retry, slack
+    assert frozen["fresh"].label == "200" and frozen["inflight"] == [0, 0]
+
+
+def test_frozen_worker_is_taken_out_and_comes_back(frozen: dict[str, Any]) -> None:
+    for run in (frozen["quiet"], frozen["busy"]):
+        assert {o.worker for o in run["while_out"]} == {"b"}
+        assert labels(run["while_out"]) == {"200": 6}
+        assert run["back_s"] < 5.0
+    # two failed probes of 5 s each (probe timeout) plus two health intervals, plus slack
+    assert frozen["quiet"]["out_s"] < 2 * (5.0 + 0.2) + 3.0
+    assert frozen["busy"]["out_s"] < 2.0 + 3.0  # the retries' failures count too
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: a request whose read timed out on a frozen worker is retried on another worker "
+    "although it was delivered (UpstreamFailure.connect is False); the thawed worker then "
+    "starts it too (proxy.dispatch retries on every UpstreamFailure)",
+)
+def test_frozen_worker_requests_are_not_executed_twice(frozen: dict[str, Any]) -> None:
+    assert not frozen["duplicates"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: a request in flight on a worker that the health check takes out is left "
+    "waiting for upstream_read_timeout_s (600 s by default); it is neither retried nor failed",
+)
+def test_request_on_a_frozen_worker_ends_once_the_worker_is_out(tmp_path: Path) -> None:
+    a, b = (sim(model=MODEL, tmp=tmp_path, max_num_seqs=16) for _ in range(2))
+    cfg = gateway_config([("a", a, 4), ("b", b, 4)], routing={**NO_AFFINITY, "fail_threshold": 1})
+    gw = gateway(cfg, tmp_path)  # the default upstream_read_timeout_s: vLLM may be silent long
+    with running(a, b), running(gw, ready_path="/ready"):
+        a.kill(signal.SIGSTOP)
+        t0 = time.monotonic()
+
+        async def stuck() -> tuple[Outcome, float]:
+            async with async_client(1, timeout=10) as c:
+                out = asyncio.create_task(call(c, gw.url, body("to a"), rid("stuck")))
+                await asyncio.to_thread(wait_state, gw, "a", "failed", 10)
+                out_s = _since(t0)
+                return await out, out_s
+
+        try:
+            out, out_s = asyncio.run(stuck())
+        finally:
+            a.kill(signal.SIGCONT)  # else the gateway's shutdown waits for the stuck request
+        report("request in flight on a frozen worker", client=out.label,
+               elapsed_s=round(out.elapsed_s, 2), worker_out_s=out_s)  # fmt: skip
+        assert out.label in {"200", "502", "503"}, out
 
 
 # ---- a worker slow to start ---------------------------------------------------------------------
@@ -218,13 +274,23 @@ def test_worker_slow_to_start(tmp_path: Path) -> None:
             async def scenario() -> tuple[list[Outcome], list[Outcome], float]:
                 async with async_client(8, 30) as c:
                     patient = [
-                        call(c, gw.url, body(f"p{i}", stream=i % 2 == 1), rid("patient"),
-                             headers={"x-gpupool-max-wait": "20"})  # fmt: skip
+                        call(
+                            c,
+                            gw.url,
+                            body(f"p{i}", stream=i % 2 == 1),
+                            rid("patient"),
+                            headers={"x-gpupool-max-wait": "20"},
+                        )
                         for i in range(6)
                     ]
                     hasty = [
-                        call(c, gw.url, body("h", stream=False), rid("hasty"),
-                             headers={"x-gpupool-max-wait": "0.5"})  # fmt: skip
+                        call(
+                            c,
+                            gw.url,
+                            body("h", stream=False),
+                            rid("hasty"),
+                            headers={"x-gpupool-max-wait": "0.5"},
+                        )
                         for i in range(2)
                     ]
                     ready_s = asyncio.to_thread(
@@ -347,26 +413,28 @@ def test_replica_killed_while_holding_slots(tmp_path: Path) -> None:
                     asyncio.create_task(call(c, b.url, body(f"b{i}"), rid("on-b")))
                     for i in range(3)
                 ]
-                await asyncio.to_thread(wait_until, "3 queued on b", lambda: queue_depth(b) == 3, 10)
+                await asyncio.to_thread(
+                    wait_until, "3 queued on b", lambda: queue_depth(b) == 3, 10
+                )
                 a.kill()
                 t_kill = time.monotonic()
                 return await asyncio.gather(*holders), await asyncio.gather(*waiting), t_kill
 
         held, queued, t_kill = asyncio.run(scenario())
-        first_grant_s = round(min(o.elapsed_s for o in queued), 2)
+        back_s = round(min(o.ended for o in queued) - t_kill, 2)
         recovery = settled([b], [w])
         fresh = fresh_request(b)
         ids, peak = executed(w), sim_stats(w)["peak_running"]
         report("gateway replica kill -9 holding slots (lease_ttl_s=2)",
                killed_replica_clients=labels(held), other_replica_clients=labels(queued),
-               capacity_back_after_kill_s=_since(t_kill) - recovery, peak_running=peak,
+               capacity_back_after_kill_s=back_s, peak_running=peak,
                queued_waited_max_s=round(max(o.elapsed_s for o in queued), 2),
                duplicates=len(duplicates(ids)), settle_s=round(recovery, 2),
                fresh=fresh.label)  # fmt: skip
-        assert labels(held) == {"LOST:cut-mid-body": 2}  # their gateway died: a transport error
+        assert labels(held) == {"conn-cut": 2}  # their gateway died: a transport error
         _assert_nothing_lost(queued, {"200"})
         assert peak <= 2
-        assert first_grant_s < ttl + 4.0
+        assert back_s < ttl + 3.0
         assert not duplicates(ids)
         assert fresh.label == "200"
 
@@ -409,6 +477,31 @@ def test_thousand_clients_disconnect_mid_stream(tmp_path: Path) -> None:
         assert all(s["running"] == 0 for s in st) and recovery >= 0
         assert all(w_["inflight"] == 0 for w_ in workers(gw).values())
         assert fresh.label == "200"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: a non-streaming client that hangs up is not noticed: its request keeps the "
+    "worker and the slot until it finishes, and queued ones are still executed",
+)
+def test_non_streaming_clients_that_leave_free_their_slots(tmp_path: Path) -> None:
+    w = sim(model=MODEL, tmp=tmp_path, max_num_seqs=16, ttft_ms=2500)
+    gw = gateway(gateway_config([("w", w, 1)]), tmp_path)
+    with running(w), running(gw, ready_path="/ready"):
+
+        async def leave() -> list[Outcome]:
+            async with async_client(3, timeout=0.5) as c:
+                return await asyncio.gather(
+                    *(call(c, gw.url, body(f"n{i}"), f"leaver-{i}") for i in range(3))
+                )
+
+        outcomes = asyncio.run(leave())
+        assert labels(outcomes) == {"timeout": 3}  # the clients gave up and hung up
+        busy_s = settled([gw], [w], timeout=15)
+        report("non-streaming clients hang up (1 running, 2 queued)",
+               slot_busy_after_clients_left_s=round(busy_s, 2), started=executed(w))  # fmt: skip
+        assert busy_s < 1.0
+        assert executed(w) == ["leaver-0"]  # the queued two never ran
 
 
 # ---- 10x overload -------------------------------------------------------------------------------

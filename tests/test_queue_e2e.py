@@ -21,8 +21,9 @@ HOLD_MS = 150
 def _cfg(workers: list[tuple[str, Proc, int]], queue: dict[str, Any]) -> dict[str, Any]:
     return {
         "models": [{"name": MODEL}],
-        "workers": [{"name": n, "model": MODEL, "url": p.url, "max_inflight": c}
-                    for n, p, c in workers],  # fmt: skip
+        "workers": [
+            {"name": n, "model": MODEL, "url": p.url, "max_inflight": c} for n, p, c in workers
+        ],
         "queue": {"max_wait_s": 60, "keepalive_interval_s": 0.2, **queue},
         "routing": {"health_interval_s": 0.5},
     }
@@ -81,8 +82,8 @@ def test_burst_never_exceeds_worker_capacity(backend: dict[str, Any], tmp_path: 
 
 
 def _held(snapshot: dict[str, Any]) -> int:
-    slots = snapshot.get("slots", {})
-    return sum(int(v.get("held", 0)) if isinstance(v, dict) else int(v) for v in slots.values())
+    workers = snapshot["workers"]
+    return sum(int(v["held"]) for v in workers.values())
 
 
 def _stream_lines(url: str, body: dict[str, Any], headers: dict[str, str]) -> list[bytes]:

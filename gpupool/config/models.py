@@ -195,6 +195,9 @@ class RoutingConfig(_Strict):
     health_interval_s: float = Field(2.0, gt=0, description="Health-check period.")
     metrics_interval_s: float = Field(1.0, gt=0, description="Worker /metrics scrape period.")
     fail_threshold: int = Field(3, ge=1, description="Failed checks before a worker is out.")
+    health_timeout_s: float = Field(
+        10.0, gt=0, description="A health check slower than this fails (vLLM on busy CPUs is slow)."
+    )
     default_capacity: int = Field(64, gt=0, description="Capacity when nothing else says.")
 
 

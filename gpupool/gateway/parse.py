@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from gpupool.gateway.errors import InvalidBody
+from gpupool.gateway.errors import BadRequest, InvalidBody
 
 
 @dataclass(slots=True)
@@ -87,7 +87,10 @@ def parse_generate(raw: bytes, *, chat: bool, max_depth: int) -> Generate:
     body = load_json(raw, max_depth)
     stream = _opt_bool(body, "stream")
     if body.get("stream_options") is not None and not stream:
-        raise _bad("Value error, Stream options can only be defined when `stream=True`.")
+        raise BadRequest(
+            "Stream options can only be defined when `stream=True`. (parameter=stream_options)",
+            param="stream_options",
+        )
     max_tokens = _opt_int(body, "max_completion_tokens" if chat else "max_tokens", 1)
     if chat and max_tokens is None:
         max_tokens = _opt_int(body, "max_tokens", 1)

@@ -92,6 +92,17 @@ class Services:
         await self.poller.start()
         await self.supervisor.start()
 
+    async def refresh_gauges(self) -> None:
+        """Gauges read at scrape time: queue depth, and what workers last reported."""
+        snap = await self.admission.snapshot()
+        for model in self.cfg.models:
+            depth = snap.get("models", {}).get(model.name, {}).get("depth", 0)
+            self.metrics.queue_depth.labels(model.name).set(depth)
+        for w in self.registry:
+            self.metrics.worker_waiting.labels(w.model, w.name).set(w.vllm_waiting)
+            self.metrics.worker_kv.labels(w.model, w.name).set(w.kv_usage)
+            self.metrics.inflight.labels(w.model, w.name).set(w.inflight)
+
     async def drain(self, worker: Worker, timeout_s: float) -> None:
         if worker.supervised:
             await self.supervisor.drain(worker.name, timeout_s)
@@ -173,6 +184,7 @@ def build_services(
     supervisor = Supervisor(
         registry, launched, cfg.server, client.session, gpu_cache_keys=cache_keys,
         health_interval_s=cfg.routing.health_interval_s, fail_threshold=cfg.routing.fail_threshold,
+        health_timeout_s=cfg.routing.health_timeout_s,
     )  # fmt: skip
     redis_url = cfg.queue.redis_url if cfg.queue.backend is QueueBackend.redis else None
     key_limits = KeyLimits(redis_url, cfg.queue.redis_prefix)
@@ -182,6 +194,7 @@ def build_services(
     )  # fmt: skip
     registry.on_change(services.on_worker_change)
     for w in registry:
+        metrics.restarts.labels(w.model, w.name)  # exported as 0 from the start
         metrics.worker_state(w.model, w.name, w.state.value)
         metrics.capacity.labels(w.model, w.name).set(w.capacity)
     return services

@@ -54,7 +54,7 @@ class RemotePoller:
     async def check(self, w: Worker) -> None:
         if w.state in (WorkerState.draining, WorkerState.stopped) or w.url is None:
             return
-        result = await probe(self.session, w.url, w.model)
+        result = await probe(self.session, w.url, w.model, self.cfg.health_timeout_s)
         if result.ready:
             w.consecutive_failures = 0
             w.max_model_len = result.max_model_len

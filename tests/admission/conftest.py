@@ -120,8 +120,8 @@ def ticket(
     )
 
 
-async def until(pred: Callable[[], Awaitable[bool]], timeout: float = 3.0) -> None:
-    deadline = time.monotonic() + timeout
+async def until(pred: Callable[[], Awaitable[bool]], within: float = 3.0) -> None:
+    deadline = time.monotonic() + within
     while not await pred():
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
@@ -172,7 +172,8 @@ async def make_redis(redis_server: RedisServer) -> AsyncIterator[Callable[..., A
     async def build(
         workers: FakeWorkers, *, url: str | None = None, recheck: float | None = None, **kw: Any
     ) -> RedisAdmission:
-        cfg = queue_config(url or redis_server.url, redis_prefix=prefix, **kw)
+        kw.setdefault("redis_prefix", prefix)
+        cfg = queue_config(url or redis_server.url, **kw)
         rid = f"replica-{len(made)}:{os.getpid()}:{uuid.uuid4().hex[:4]}"
         adm = RedisAdmission(cfg, workers, replica_id=rid, recheck_interval_s=recheck)
         await adm.start()
@@ -191,9 +192,9 @@ async def make(
     """Build a started admission of the parametrized backend over ``workers``."""
     made: list[MemoryAdmission] = []
 
-    async def build(workers: FakeWorkers, **kw: Any) -> Admission:
+    async def build(workers: FakeWorkers, *, recheck: float | None = None, **kw: Any) -> Admission:
         if request.param == "redis":
-            adm: Admission = await make_redis(workers, **kw)
+            adm: Admission = await make_redis(workers, recheck=recheck, **kw)
             return adm
         cfg = queue_config("redis://unused", **kw)
         mem = MemoryAdmission.from_config(cfg, workers, "mem-replica")

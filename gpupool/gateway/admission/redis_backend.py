@@ -12,7 +12,8 @@ replica once its heartbeat expires.
 Wake-up path. Every script that frees a slot or adds a waiter ends in ``dispatch``, which grants
 the slot to the head of ``w:<worker>`` inside the same atomic step and publishes
 ``"<iid> <worker>"`` on the owning replica's ``wake:<replica>`` channel. The owner's listener
-resolves the waiting future. Safety net for a lost message or a slot freed by expiry: every
+resolves the waiting future (a replica that released the slot itself wakes its own waiter from
+the script's reply at once). Safety net for a lost message or a slot freed by expiry: every
 ``recheck_interval_s`` (default ``min(0.5, lease_ttl_s / 4)``) the replica runs ``recheck`` for its
 waiters: it dispatches all their candidate workers with this replica's view of capacity and
 reports each ticket's state (granted, waiting, or gone: a gone ticket is queued again).
@@ -33,6 +34,12 @@ nothing on that worker until the count drops below), drops its stale tickets, sw
 requests back to Redis and moves its local waiters back to the Redis queue (with their remaining
 wait). Nothing restarts and nothing leaks: a lease is either re-asserted while held or, if its
 release could not reach Redis, expires with its TTL (or vanished with a restarted Redis).
+
+Limits. Capacity is exact while Redis is up. At the moment of failover, a replica holding less
+than its share may add local work on top of the other replicas' Redis leases (by at most its
+unused share); during the outage each replica stays within its share. A replica stalled for
+longer than ``lease_ttl_s`` loses its leases to others until its next renewal re-asserts them.
+Capacity and availability are each replica's own view, passed into every script.
 """
 
 from __future__ import annotations
@@ -46,24 +53,25 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gpupool.config.models import QueueConfig, RedisFailurePolicy
 from gpupool.gateway.admission.base import Lease, Ticket, WaitCallback, WorkerView
 from gpupool.gateway.admission.fairness import RATE_TAU_S, retry_after
 from gpupool.gateway.admission.keys import Keys
 from gpupool.gateway.admission.memory import MemoryAdmission, Requeued, unique
-from gpupool.gateway.admission.redis_scripts import Caps, Store
+from gpupool.gateway.admission.redis_scripts import (
+    CONNECTION_ERRORS,
+    Caps,
+    Store,
+    StoreUnavailable,
+)
 from gpupool.gateway.admission.waiting import consume, wait_for_grant
 from gpupool.gateway.errors import QueueFull, QueueTimeout, ServiceUnavailable
 
 log = logging.getLogger(__name__)
-
-REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
 class RedisDown(Exception):
@@ -99,16 +107,24 @@ class _Held:
     local: Lease | None = None  # also counted by the local fallback
 
 
-def redis_client(url: str, lease_ttl_s: float) -> Redis:
-    """A client that fails fast: one immediate retry (a stale pooled socket), short timeouts."""
+def redis_client(url: str, lease_ttl_s: float, max_connections: int = 64) -> Redis:
+    """A client that fails fast on a dead server and queues (not fails) on a busy pool.
+
+    One immediate retry covers a stale pooled socket after a Redis restart; short timeouts make
+    an outage visible within about ``lease_ttl_s / 2``. The pool is bounded and blocking, so a
+    burst of requests waits for a connection instead of being mistaken for an outage.
+    """
     timeout = max(1.0, min(5.0, lease_ttl_s / 2))
-    return Redis.from_url(
+    pool = BlockingConnectionPool.from_url(
         url,
+        max_connections=max_connections,
+        timeout=timeout,
         decode_responses=True,
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
         retry=Retry(NoBackoff(), 1),
     )
+    return Redis.from_pool(pool)
 
 
 class RedisAdmission:
@@ -139,7 +155,9 @@ class RedisAdmission:
         self._held: dict[str, _Held] = {}
         self._renewing: list[tuple[str, str]] | None = None  # releases during a renew call
         self._ids = itertools.count(1)
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()  # every background task, for references
+        self._loops: list[asyncio.Task[None]] = []
+        self._closing = False
 
     @property
     def redis_up(self) -> bool:
@@ -150,22 +168,24 @@ class RedisAdmission:
     async def start(self) -> None:
         try:
             await self._recover()
-        except REDIS_ERRORS as exc:
+        except StoreUnavailable as exc:
             log.warning("admission: Redis unreachable at start (%s); policy %s", exc, self._policy)
-        self._spawn(self._listen())
-        self._spawn(self._maintain())
+        self._loops = [self._spawn(self._listen()), self._spawn(self._maintain())]
 
     async def close(self) -> None:
-        tasks = list(self._tasks)
-        for task in tasks:
+        # The loops also stop on the flag: on Python 3.11 a cancel that lands while redis-py
+        # opens a connection can be swallowed (asyncio.wait_for), so cancel alone may not do.
+        self._closing = True
+        for task in self._loops:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._tasks:  # the loops, and releases or withdrawals still on their way
+            await asyncio.wait(list(self._tasks), timeout=2.0)
         for waiter in self._waiting.values():
             if not waiter.fut.done():
                 waiter.fut.set_exception(ServiceUnavailable("The gateway is shutting down."))
         await self._local.close()
         if self._up:
-            with contextlib.suppress(*REDIS_ERRORS):
+            with contextlib.suppress(StoreUnavailable):
                 await self._store.retire(self.replica_id)
         await self._client.aclose()
 
@@ -212,7 +232,7 @@ class RedisAdmission:
         if self._up:
             try:
                 view.update(await self._store.snapshot())
-            except REDIS_ERRORS as exc:
+            except StoreUnavailable as exc:
                 self._went_down(exc)
         return view
 
@@ -262,7 +282,7 @@ class RedisAdmission:
                 worker = await wait_for_grant(waiter.fut, deadline, keepalive, position, on_wait)
             if worker is None:
                 worker = await self._timed_out(waiter)
-        except REDIS_ERRORS as exc:
+        except StoreUnavailable as exc:
             self._went_down(exc)
             raise RedisDown() from exc
         except (QueueFull, QueueTimeout, RedisDown, Requeued, ServiceUnavailable):
@@ -337,9 +357,12 @@ class RedisAdmission:
 
     async def _release_remote(self, iid: str, worker: str) -> None:
         try:
-            await self._store.release(iid, worker, self._cap(worker))
-        except REDIS_ERRORS as exc:
+            granted = await self._store.release(iid, worker, self._cap(worker))
+        except StoreUnavailable as exc:
             self._went_down(exc)
+            return
+        for to, on in granted:  # our own waiters need not wait for the pub/sub echo
+            self._wake(to, on)
 
     async def _withdraw(self, iid: str) -> None:
         """A waiter left without a lease: drop its ticket, or release a slot it raced to."""
@@ -347,13 +370,13 @@ class RedisAdmission:
             out = await self._store.withdraw(iid)
             if out.status == "granted":
                 await self._store.release(iid, out.worker, self._cap(out.worker))
-        except REDIS_ERRORS as exc:
+        except StoreUnavailable as exc:
             self._went_down(exc)
 
     async def _dispatch(self, workers: list[str]) -> None:
         try:
             await self._store.recheck(self._caps(workers), [])
-        except REDIS_ERRORS as exc:
+        except StoreUnavailable as exc:
             self._went_down(exc)
 
     def _went_down(self, exc: BaseException) -> None:
@@ -369,11 +392,12 @@ class RedisAdmission:
                 waiter.fut.set_exception(RedisDown())
 
     async def _recover(self) -> None:
-        await self._client.ping()
+        await self._store.ping()
         await self._renew()
         self._up = True
         moved = self._local.requeue_all()
         log.info("admission: Redis reachable; %d local waiters moved back", moved)
+        await self._renew()  # also assert what the local fallback granted during the first one
 
     async def _renew(self) -> None:
         """Heartbeat, re-assert held leases, drop this replica's orphaned tickets."""
@@ -404,7 +428,7 @@ class RedisAdmission:
     async def _maintain(self) -> None:
         loop = asyncio.get_running_loop()
         next_renew = loop.time() + self._renew_s
-        while True:
+        while not self._closing:
             await asyncio.sleep(self._recheck_s)
             try:
                 if not self._up:
@@ -415,25 +439,29 @@ class RedisAdmission:
                 if loop.time() >= next_renew:
                     next_renew = loop.time() + self._renew_s
                     await self._renew()
-            except REDIS_ERRORS as exc:
+            except StoreUnavailable as exc:
                 self._went_down(exc)
             except Exception:
                 log.exception("admission: maintenance step failed")
 
     async def _listen(self) -> None:
         channel = self._keys.wake(self.replica_id)
-        while True:
-            with contextlib.suppress(*REDIS_ERRORS):
+        while not self._closing:
+            with contextlib.suppress(*CONNECTION_ERRORS):
                 async with self._client.pubsub() as pubsub:
                     await pubsub.subscribe(channel)
-                    while True:
-                        msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    while not self._closing:
+                        msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.25)
                         if msg is not None:
                             self._on_wake(str(msg["data"]))
-            await asyncio.sleep(self._recheck_s)
+            if not self._closing:
+                await asyncio.sleep(self._recheck_s)
 
     def _on_wake(self, data: str) -> None:
         iid, _, worker = data.rpartition(" ")
+        self._wake(iid, worker)
+
+    def _wake(self, iid: str, worker: str) -> None:
         waiter = self._waiting.get(iid)
         if waiter is not None and not waiter.fut.done():
             waiter.fut.set_result(worker)

@@ -13,12 +13,12 @@ script that can free a slot or add a waiter ends in it, so no slot idles while a
 waiter exists, as far as the caller's view of capacity and availability goes (a worker's
 capacity arrives as an argument; 0 means "not available here").
 
-Scripts: ``acquire`` (idempotent: replaying it returns the same outcome), ``release``,
-``withdraw`` (a waiter leaves: removed, or tells it was granted meanwhile), ``recheck`` (the
-safety net: dispatch some workers, report the state of some tickets), ``renew`` (heartbeat,
-re-assert held leases, sweep dead replicas, list own waiting tickets), ``forget`` (drop orphaned
-tickets), ``retire`` (a replica's clean
-exit), ``snapshot`` (JSON for ``/admin/queue``).
+Scripts: ``acquire`` (idempotent: replaying it returns the same outcome), ``release`` (returns
+the grants it caused, so the caller wakes its own waiters without the pub/sub echo), ``withdraw``
+(a waiter leaves: removed, or tells it was granted meanwhile), ``recheck`` (the safety net:
+dispatch some workers, report the state of some tickets), ``renew`` (heartbeat, re-assert held
+leases, sweep dead replicas, list own waiting tickets), ``forget`` (drop orphaned tickets),
+``retire`` (a replica's clean exit), ``snapshot`` (JSON for ``/admin/queue``).
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gpupool.gateway.admission.fairness import PRIORITY_LIMIT, clamp_priority
 from gpupool.gateway.admission.keys import lua_key_table
@@ -103,7 +105,11 @@ local function take_slot(iid, model, worker)
   rate_tick(model)
 end
 
+local GRANTED = {}  -- iid, worker, iid, worker... of this call's grants (scripts may return it)
+
 local function grant(h, worker)
+  GRANTED[#GRANTED + 1] = h.iid
+  GRANTED[#GRANTED + 1] = worker
   unqueue(h)
   local start = tonumber(string.match(h.key, '^[^:]+:([^:]+):'))
   local f, v = K.fair(h.model), 'v:' .. h.prio
@@ -186,7 +192,7 @@ _RELEASE = """
 redis.call('ZREM', K.slots(ARGV[5]), ARGV[4])
 redis.call('DEL', K.ticket(ARGV[4]))
 dispatch(ARGV[5], tonumber(ARGV[6]))
-return 1
+return GRANTED
 """
 
 _WITHDRAW = """
@@ -280,6 +286,14 @@ return cjson.encode(out)
 """
 
 
+CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+class StoreUnavailable(Exception):
+    """Redis could not be reached (refused, reset, timed out). Deliberately not an OSError, so
+    a caller can tell it from its own I/O errors (a client that went away)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What ``acquire`` or ``withdraw`` did.
@@ -318,7 +332,10 @@ def _flat(pairs: list[tuple[str, Any]]) -> list[Any]:
 
 
 class Store:
-    """Typed calls of the scripts on one Redis client (``decode_responses=True``)."""
+    """Typed calls of the scripts on one Redis client (``decode_responses=True``).
+
+    Connection failures surface as :class:`StoreUnavailable`; script bugs as redis errors.
+    """
 
     def __init__(self, client: Redis, prefix: str, lease_ttl_s: float, rate_tau_s: float) -> None:
         self._client = client
@@ -338,7 +355,16 @@ class Store:
         }
 
     async def _run(self, name: str, *args: Any) -> Any:
-        return await self._scripts[name](keys=[], args=[*self._common, *args])
+        try:
+            return await self._scripts[name](keys=[], args=[*self._common, *args])
+        except CONNECTION_ERRORS as exc:
+            raise StoreUnavailable(str(exc)) from exc
+
+    async def ping(self) -> None:
+        try:
+            await self._client.ping()
+        except CONNECTION_ERRORS as exc:
+            raise StoreUnavailable(str(exc)) from exc
 
     async def acquire(
         self,
@@ -352,8 +378,10 @@ class Store:
         args = [iid, replica, tid, model, tenant, clamp_priority(priority), max_queued]
         return _outcome(await self._run("acquire", *args, *_flat(list(caps))))
 
-    async def release(self, iid: str, worker: str, cap: int) -> None:
-        await self._run("release", iid, worker, cap)
+    async def release(self, iid: str, worker: str, cap: int) -> list[tuple[str, str]]:
+        """Free the slot; returns the ``(iid, worker)`` grants it caused (any replica's)."""
+        reply = await self._run("release", iid, worker, cap)
+        return [(str(reply[i]), str(reply[i + 1])) for i in range(0, len(reply), 2)]
 
     async def withdraw(self, iid: str) -> Outcome:
         return _outcome(await self._run("withdraw", iid))
@@ -380,7 +408,10 @@ class Store:
         await self._run("retire", replica)
 
     async def position(self, model_queue: str, key: str) -> int:
-        rank = await self._client.zrank(model_queue, key)
+        try:
+            rank = await self._client.zrank(model_queue, key)
+        except CONNECTION_ERRORS as exc:
+            raise StoreUnavailable(str(exc)) from exc
         return rank + 1 if isinstance(rank, int) else 1
 
     async def snapshot(self) -> dict[str, Any]:

@@ -38,7 +38,9 @@ async def ready(request: Request) -> ASGIApp:
 
 
 async def metrics(request: Request) -> ASGIApp:
-    body = services(request).metrics.exposition()
+    svc = services(request)
+    await svc.refresh_gauges()
+    body = svc.metrics.exposition()
     ctype = "text/plain; version=0.0.4; charset=utf-8"
     return ReplyResponse(Reply(200, [("content-type", ctype)], body))
 

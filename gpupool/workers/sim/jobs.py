@@ -135,12 +135,27 @@ class JobBuilder:
 
     def _one_prompt(self, prompt: str | list[int]) -> tuple[str, list[str]]:
         if isinstance(prompt, str):
+            self._text_len_check(prompt)
             return prompt, self.tokenizer.pieces(prompt)
         try:
             text = self.tokenizer.decode(prompt)
         except UnknownTokenId:
             text = ""
         return text, [str(t) for t in prompt]
+
+    def _text_len_check(self, text: str) -> None:
+        """vLLM refuses raw text longer than window x longest token before tokenizing it."""
+        limit = self.config.max_model_len
+        max_chars = limit * MAX_CHARS_PER_TOKEN
+        if len(text) > max_chars:
+            raise BadRequest(
+                f"This model's maximum context length is {limit} tokens. However, your prompt "
+                f"contains {len(text)} characters (more than {max_chars} characters, which is "
+                f"the upper bound for {limit} input tokens). Please reduce the length of the "
+                "input prompt.",
+                param="input_text",
+                value=len(text),
+            )
 
     def _budget(
         self, prompt_len: int, param: str, requested: int | None
@@ -170,6 +185,11 @@ class JobBuilder:
             return 1, _prompt_fills_window(prompt_len, limit)
         room = limit - prompt_len
         return min(requested or room, room), None
+
+
+# vLLM bounds raw prompt text by ``max_model_len x`` its tokenizer's longest token string; the
+# simulator's longest pieces are its special tokens (``<|im_start|>``: 12 characters).
+MAX_CHARS_PER_TOKEN = 12
 
 
 def _prompt_fills_window(prompt_len: int, limit: int) -> BadRequest:
