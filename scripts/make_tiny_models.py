@@ -28,7 +28,6 @@ Tokenizer details that matter for tests (see docs/real-vllm-notes.md):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import shutil
@@ -89,19 +88,205 @@ CHAT_TEMPLATE = r"""{%- if tools %}
 {%- endif %}
 """
 
-_WORDS = (
-    "the be to of and a in that have I it for not on with he as you do at this but his by from "
-    "they we say her she or an will my one all would there their what so up out if about who get "
-    "which go me when make can like time no just him know take people into year your good some "
-    "could them see other than then now look only come its over think also back after use two how "
-    "our work first well way even new want because any these give day most us is are was were been "
-    "has had did said made hello world model token request response stream server worker gateway "
-    "pool queue cache prefix health metrics error message content role system user assistant tool "
-    "function name arguments value answer question reason think step first second final result "
-    "number list string object true false null weather city today tomorrow price total count ok "
-    "yes please thank sorry test data file line code python json http status ready running waiting "
-    "abc def ghi xyz foo bar baz qux alpha beta gamma delta red green blue small large fast slow"
-).split()
+_WORDS = [
+    "the",
+    "be",
+    "to",
+    "of",
+    "and",
+    "a",
+    "in",
+    "that",
+    "have",
+    "I",
+    "it",
+    "for",
+    "not",
+    "on",
+    "with",
+    "he",
+    "as",
+    "you",
+    "do",
+    "at",
+    "this",
+    "but",
+    "his",
+    "by",
+    "from",
+    "they",
+    "we",
+    "say",
+    "her",
+    "she",
+    "or",
+    "an",
+    "will",
+    "my",
+    "one",
+    "all",
+    "would",
+    "there",
+    "their",
+    "what",
+    "so",
+    "up",
+    "out",
+    "if",
+    "about",
+    "who",
+    "get",
+    "which",
+    "go",
+    "me",
+    "when",
+    "make",
+    "can",
+    "like",
+    "time",
+    "no",
+    "just",
+    "him",
+    "know",
+    "take",
+    "people",
+    "into",
+    "year",
+    "your",
+    "good",
+    "some",
+    "could",
+    "them",
+    "see",
+    "other",
+    "than",
+    "then",
+    "now",
+    "look",
+    "only",
+    "come",
+    "its",
+    "over",
+    "think",
+    "also",
+    "back",
+    "after",
+    "use",
+    "two",
+    "how",
+    "our",
+    "work",
+    "first",
+    "well",
+    "way",
+    "even",
+    "new",
+    "want",
+    "because",
+    "any",
+    "these",
+    "give",
+    "day",
+    "most",
+    "us",
+    "is",
+    "are",
+    "was",
+    "were",
+    "been",
+    "has",
+    "had",
+    "did",
+    "said",
+    "made",
+    "hello",
+    "world",
+    "model",
+    "token",
+    "request",
+    "response",
+    "stream",
+    "server",
+    "worker",
+    "gateway",
+    "pool",
+    "queue",
+    "cache",
+    "prefix",
+    "health",
+    "metrics",
+    "error",
+    "message",
+    "content",
+    "role",
+    "system",
+    "user",
+    "assistant",
+    "tool",
+    "function",
+    "name",
+    "arguments",
+    "value",
+    "answer",
+    "question",
+    "reason",
+    "think",
+    "step",
+    "first",
+    "second",
+    "final",
+    "result",
+    "number",
+    "list",
+    "string",
+    "object",
+    "true",
+    "false",
+    "null",
+    "weather",
+    "city",
+    "today",
+    "tomorrow",
+    "price",
+    "total",
+    "count",
+    "ok",
+    "yes",
+    "please",
+    "thank",
+    "sorry",
+    "test",
+    "data",
+    "file",
+    "line",
+    "code",
+    "python",
+    "json",
+    "http",
+    "status",
+    "ready",
+    "running",
+    "waiting",
+    "abc",
+    "def",
+    "ghi",
+    "xyz",
+    "foo",
+    "bar",
+    "baz",
+    "qux",
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "red",
+    "green",
+    "blue",
+    "small",
+    "large",
+    "fast",
+    "slow",
+]
 
 _SNIPPETS = [
     '{"name": "get_weather", "arguments": {"city": "Paris"}}',
@@ -118,10 +303,47 @@ _SNIPPETS = [
 ]
 
 
-_SYLLABLES = (
-    "ka ri to na mu se lo vi pe dra ston quel min ber tor ash eng ol un ex pro con ter ment ing "
-    "tion al er ous ive ly ness able ch th sh str pl gr"
-).split()
+_SYLLABLES = [
+    "ka",
+    "ri",
+    "to",
+    "na",
+    "mu",
+    "se",
+    "lo",
+    "vi",
+    "pe",
+    "dra",
+    "ston",
+    "quel",
+    "min",
+    "ber",
+    "tor",
+    "ash",
+    "eng",
+    "ol",
+    "un",
+    "ex",
+    "pro",
+    "con",
+    "ter",
+    "ment",
+    "ing",
+    "tion",
+    "al",
+    "er",
+    "ous",
+    "ive",
+    "ly",
+    "ness",
+    "able",
+    "ch",
+    "th",
+    "sh",
+    "str",
+    "pl",
+    "gr",
+]
 
 
 def training_corpus(seed: int = SEED, n_lines: int = 12000) -> list[str]:
@@ -132,7 +354,7 @@ def training_corpus(seed: int = SEED, n_lines: int = 12000) -> list[str]:
     ]
     vocab = _WORDS * 4 + pseudo
     lines: list[str] = []
-    for i in range(n_lines):
+    for _i in range(n_lines):
         kind = rng.random()
         if kind < 0.08:
             lines.append(rng.choice(_SNIPPETS))
@@ -150,8 +372,15 @@ def training_corpus(seed: int = SEED, n_lines: int = 12000) -> list[str]:
 
 
 def build_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from tokenizers import AddedToken
+    from tokenizers import (
+        AddedToken,
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
