@@ -9,6 +9,16 @@ import time
 import orjson
 
 
+class RequestIdFilter(logging.Filter):
+    """Puts the id of the request being served (if any) on every record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from gpupool.gateway.api.middleware import current_request_id
+
+        record.request_id = current_request_id.get() or "-"
+        return True
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, object] = {
@@ -31,7 +41,10 @@ def setup_logging(fmt: str = "text", level: int = logging.INFO) -> None:
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s")
+        )
+    handler.addFilter(RequestIdFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

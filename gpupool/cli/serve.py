@@ -9,8 +9,10 @@ import sys
 import uvicorn
 
 from gpupool.cli.logs import setup_logging
+from gpupool.cli.progress import StartupProgress
 from gpupool.config.models import GpupoolConfig
 from gpupool.gateway.api.app import create_app
+from gpupool.gateway.services import Services
 
 log = logging.getLogger("gpupool")
 
@@ -31,7 +33,12 @@ def run_server(cfg: GpupoolConfig, config_path: str) -> None:
             "serving on %s without API keys: anyone who can reach it can use it "
             "(set auth.enabled: true and add keys)", cfg.server.host,
         )  # fmt: skip
-    app = create_app(cfg, config_path=config_path)
+
+    def show_progress(svc: Services) -> None:
+        progress = StartupProgress(cfg, svc.registry)
+        svc.registry.on_change(progress.on_change)
+
+    app = create_app(cfg, config_path=config_path, on_services=show_progress)
     config = uvicorn.Config(
         app,
         host=cfg.server.host,

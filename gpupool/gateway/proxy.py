@@ -14,7 +14,13 @@ from typing import Any
 
 import orjson
 
-from gpupool.config.models import GpupoolConfig, ModelConfig, ReasoningField, ReasoningParser
+from gpupool.config.models import (
+    GpupoolConfig,
+    MediaLimits,
+    ModelConfig,
+    ReasoningField,
+    ReasoningParser,
+)
 from gpupool.gateway import multimodal
 from gpupool.gateway.admission.base import Admission, Lease, Ticket, WaitCallback
 from gpupool.gateway.catalog import Catalog
@@ -125,12 +131,21 @@ class Proxy:
 
     async def _check_media(self, body: dict[str, Any], model: ModelConfig) -> None:
         counts = multimodal.count_media(body)
-        if model.limits is not None:
-            multimodal.check_limits(counts, model.limits)
+        multimodal.check_limits(counts, model.limits or self._worker_limits(model))
         multimodal.check_media_policy(body, model)
         urls = multimodal.extract_remote_urls(body)
         if urls:
             await multimodal.check_remote_hosts(urls)
+
+    def _worker_limits(self, model: ModelConfig) -> MediaLimits:
+        """Without model limits: the most any of the model's workers admits (its launch flags)."""
+        caps = [w.media for w in self.registry.of_model(model.name)]
+
+        def most(kind: str) -> int | None:
+            values = [getattr(c, kind) for c in caps]
+            return None if not values or None in values else max(values)
+
+        return MediaLimits(image=most("image"), video=most("video"), audio=most("audio"))
 
     def _transform_opts(self, req: Generate, model: ModelConfig) -> TransformOptions | None:
         if not req.chat:

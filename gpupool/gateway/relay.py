@@ -88,7 +88,7 @@ class Relay:
             if data is None:
                 data = await resp.read()
             if resp.status == 200:
-                data = self._finish_body(plan, lease, data)
+                data = await self._finish_body(plan, lease, data)
             self._observe(plan, lease, resp.status)
             return Reply(resp.status, self._headers(resp, lease), data)
         except UpstreamFailure as e:
@@ -97,7 +97,7 @@ class Relay:
         finally:
             await self.proxy.release(lease)
 
-    def _finish_body(self, plan: StreamPlan, lease: Lease, data: bytes) -> bytes:
+    async def _finish_body(self, plan: StreamPlan, lease: Lease, data: bytes) -> bytes:
         try:
             obj = orjson.loads(data)
         except orjson.JSONDecodeError:
@@ -107,7 +107,41 @@ class Relay:
         self._usage(plan, lease, obj.get("usage"))
         if plan.transform is None:
             return data
-        return orjson.dumps(transform_chat_response(obj, plan.transform))
+        out = transform_chat_response(obj, plan.transform)
+        if plan.transform.parser is not None:
+            await self._count_reasoning(out, plan.transform, lease)
+        return orjson.dumps(out)
+
+    async def _count_reasoning(
+        self, body: dict[str, Any], opts: TransformOptions, lease: Lease
+    ) -> None:
+        """The gateway split the text, so vLLM could not count: ask the worker's tokenizer."""
+        usage = body.get("usage")
+        if not isinstance(usage, dict) or usage.get("completion_tokens_details"):
+            return
+        texts = [
+            c["message"].get(opts.keys[0]) or ""
+            for c in body.get("choices", [])
+            if isinstance(c, dict) and isinstance(c.get("message"), dict)
+        ]
+        worker = self.proxy.registry.get(lease.worker)
+        if worker is None or worker.url is None or not any(texts):
+            return
+        counts = [await self._tokens(worker.url, body.get("model"), t) for t in texts if t]
+        if None not in counts:
+            usage["completion_tokens_details"] = {"reasoning_tokens": sum(c or 0 for c in counts)}
+
+    async def _tokens(self, url: str, model: object, text: str) -> int | None:
+        req = {"model": model, "prompt": text, "add_special_tokens": False}
+        try:
+            resp = await self.proxy.client.open(
+                "POST", url + "/tokenize", orjson.dumps(req), {"content-type": "application/json"}
+            )
+            data = await resp.read()
+        except UpstreamFailure:
+            return None
+        count = orjson.loads(data).get("count") if resp.status == 200 else None
+        return count if isinstance(count, int) else None
 
     # ---- streams ---------------------------------------------------------------------------
 

@@ -82,6 +82,8 @@ def test_reasoning_split_by_gateway_non_streaming(real_stack: dict[str, Any]) ->
     assert msg.model_extra is not None
     assert msg.model_extra["reasoning"] == "abc def"
     assert msg.content == "hello world"
+    assert r.usage is not None and r.usage.completion_tokens_details is not None
+    assert r.usage.completion_tokens_details.reasoning_tokens  # counted by the worker's tokenizer
 
 
 def test_reasoning_split_by_gateway_streaming(real_stack: dict[str, Any]) -> None:

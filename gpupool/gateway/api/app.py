@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from starlette.applications import Starlette
@@ -54,6 +54,7 @@ def create_app(
     *,
     config_path: str | Path | None = None,
     svc: Services | None = None,
+    on_services: Callable[[Services], None] | None = None,
 ) -> Starlette:
     """Build the gateway. ``svc`` lets tests pass services built with fakes.
 
@@ -63,6 +64,8 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         built = svc or build_services(cfg, config_path=config_path)
+        if on_services is not None:
+            on_services(built)
         app.state.services = built
         await built.start()
         try:

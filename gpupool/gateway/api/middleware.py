@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextvars
 import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpupool.gateway.errors import PayloadTooLarge
+
+
+# The request being served, for log lines (see gpupool/cli/logs.py).
+current_request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
 
 
 class RequestIdMiddleware:
@@ -28,13 +33,17 @@ class RequestIdMiddleware:
             rid = uuid.uuid4().hex.encode()
             scope["headers"] = [*scope["headers"], (b"x-request-id", rid)]
         scope.setdefault("state", {})["request_id"] = rid.decode("latin-1")
+        token = current_request_id.set(rid.decode("latin-1"))
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message["headers"] = [*message.get("headers", []), (b"x-request-id", rid)]
             await send(message)
 
-        await self.app(scope, receive, send_with_id)
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            current_request_id.reset(token)
 
 
 async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes:

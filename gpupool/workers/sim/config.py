@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Literal
+
+VLLM_VERSION = "0.32.0"
 
 Mode = Literal["echo", "lorem", "script"]
 Chunking = Literal["token", "chars"]
@@ -67,6 +70,13 @@ class SimConfig:
         names = [self.model]
         names.extend(n for n in self.served_model_names if n not in names)
         return names
+
+    @property
+    def system_fingerprint(self) -> str:
+        """``vllm-<version>-<hash8>``, fixed for one configuration as vLLM's (which hashes its
+        engine configuration: model, context length, scheduler and parser settings)."""
+        key = repr((self.root, self.max_model_len, self.max_num_seqs, self.reasoning_parser))
+        return f"vllm-{VLLM_VERSION}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
 
 
 def _check(ok: bool, message: str) -> None:

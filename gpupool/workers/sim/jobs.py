@@ -43,9 +43,9 @@ class Job:
     admission: Admission
     include_usage: bool = False
     continuous_usage: bool = False
+    fingerprint: str = ""
     thinking: bool | None = None  # None: no reasoning parser
     include_reasoning: bool = True
-    late_error: BadRequest | None = None  # raised by the engine, after rendering
 
     @property
     def steps(self) -> int:
@@ -66,6 +66,7 @@ class JobBuilder:
         self.tokenizer = tokenizer
         self.text = text
         self.names = config.served_names
+        self.fingerprint = config.system_fingerprint
 
     def check_model(self, model: str | None) -> None:
         if model and model not in self.names:
@@ -79,9 +80,11 @@ class JobBuilder:
             )
         param, requested = req.output_limit
         _check_n(req.n)
+        self._check_requested(param, requested)
         prompt = render_chat(req.messages, req.add_generation_prompt, req.continue_final_message)
         pieces = self.tokenizer.pieces(prompt)
-        budget, late = self._budget(len(pieces), param, requested)
+        self._check_prompt_len(len(pieces))
+        budget = self._budget(len(pieces), requested)
         prefix = _final_assistant_text(req.messages) if req.continue_final_message else ""
         echo = last_user_text(req.messages)
         outputs = [self.text.plan(echo, budget, i, prefix) for i in range(req.n)]
@@ -90,24 +93,23 @@ class JobBuilder:
         job.include_usage, job.continuous_usage = req.include_usage, req.continuous_usage
         job.thinking = req.enable_thinking if parser_on else None
         job.include_reasoning = req.include_reasoning
-        job.late_error = late
         return job
 
     def completion(self, req: CompletionRequest, meta: Meta) -> Job:
         self.check_model(req.model)
         _check_n(req.n)
+        self._check_requested("max_tokens", req.max_tokens)
         prompts = self._prompts(req.prompt)
+        for _, pieces in prompts:  # vLLM renders every prompt before it sizes any output
+            self._check_prompt_len(len(pieces))
         outputs: list[Output] = []
         all_pieces: list[str] = []
-        late = None
         for text, pieces in prompts:
-            budget, late_one = self._budget(len(pieces), "max_tokens", req.max_tokens)
-            late = late or late_one
+            budget = self._budget(len(pieces), req.max_tokens)
             outputs.extend(self.text.plan(text, budget, i) for i in range(req.n))
             all_pieces.extend(pieces)
         job = self._job("cmpl-", prompts[0][0], all_pieces, outputs, meta)
         job.include_usage, job.continuous_usage = req.include_usage, req.continuous_usage
-        job.late_error = late
         return job
 
     def _job(
@@ -116,9 +118,9 @@ class JobBuilder:
         base = meta.request_id or secrets.token_hex(16)
         planned = sum(len(o.pieces) for o in outputs)
         adm = Admission(base, pieces, planned, meta.hold_s, meta.arrival)
-        return Job(
-            prefix + base, int(time.time()), self.names[0], prompt, len(pieces), outputs, adm
-        )
+        job = Job(prefix + base, int(time.time()), self.names[0], prompt, len(pieces), outputs, adm)
+        job.fingerprint = self.fingerprint
+        return job
 
     def _prompts(
         self, prompt: str | list[str] | list[int] | list[list[int]]
@@ -157,10 +159,7 @@ class JobBuilder:
                 value=len(text),
             )
 
-    def _budget(
-        self, prompt_len: int, param: str, requested: int | None
-    ) -> tuple[int, BadRequest | None]:
-        """Output tokens allowed, or the errors vLLM raises for this prompt and limit."""
+    def _check_requested(self, param: str, requested: int | None) -> None:
         limit = self.config.max_model_len
         if requested is not None and requested > limit:
             raise BadRequest(
@@ -169,10 +168,9 @@ class JobBuilder:
                 param=param,
                 value=requested,
             )
-        if requested is not None and requested < 1:
-            raise BadRequest(
-                f"{param} must be at least 1, got {requested}.", param=param, value=requested
-            )
+
+    def _check_prompt_len(self, prompt_len: int) -> None:
+        limit = self.config.max_model_len
         if prompt_len > limit:
             raise BadRequest(
                 f"This model's maximum context length is {limit} tokens. However, your prompt "
@@ -181,24 +179,23 @@ class JobBuilder:
                 param="input_tokens",
                 value=limit + 1,
             )
-        if prompt_len == limit:
-            return 1, _prompt_fills_window(prompt_len, limit)
-        room = limit - prompt_len
-        return min(requested or room, room), None
+
+    def _budget(self, prompt_len: int, requested: int | None) -> int:
+        """Output tokens allowed: the request's limit (or the whole rest of the window) clamped
+        to what is left of the window. Under 1 (a prompt that fills the window, or a bad limit)
+        it fails as vLLM's sampling parameters do, always naming ``max_tokens``."""
+        room = self.config.max_model_len - prompt_len
+        budget = room if requested is None else min(requested, room)
+        if budget < 1:
+            raise BadRequest(
+                f"max_tokens must be at least 1, got {budget}.", param="max_tokens", value=budget
+            )
+        return budget
 
 
 # vLLM bounds raw prompt text by ``max_model_len x`` its tokenizer's longest token string; the
 # simulator's longest pieces are its special tokens (``<|im_start|>``: 12 characters).
 MAX_CHARS_PER_TOKEN = 12
-
-
-def _prompt_fills_window(prompt_len: int, limit: int) -> BadRequest:
-    return BadRequest(
-        f"The decoder prompt (length {prompt_len}) plus the number of requested output tokens "
-        f"(at least 1) is longer than the maximum model length of {limit}. Make sure that "
-        "`max_model_len` is no smaller than the number of text tokens (prompt + requested "
-        "output tokens)."
-    )
 
 
 def _check_n(n: int) -> None:

@@ -2,10 +2,13 @@
 
 Non-streaming bodies are ``model_dump()`` output (every null field present); streamed chunks are
 ``exclude_unset`` dumps, so only the fields vLLM sets appear; the usage chunk drops nulls.
+Everything is compact JSON except the mid-stream error event, which vLLM writes with
+``json.dumps`` and its default ``", "`` / ``": "`` separators.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import orjson
@@ -14,6 +17,7 @@ from gpupool.workers.sim.errors import SimError
 
 DONE = b"data: [DONE]\n\n"
 _dumps = orjson.dumps
+_END = b"]}\n\n"
 
 
 def usage(prompt: int, completion: int, reasoning: int | None = None) -> dict[str, Any]:
@@ -41,7 +45,8 @@ def full_usage(prompt: int, completion: int, reasoning: int | None) -> dict[str,
 
 
 def error_event(error: SimError) -> bytes:
-    return b"data: " + error.to_json() + b"\n\n"
+    """An error inside a stream that already answered 200 (spaced JSON, as vLLM writes it)."""
+    return b"data: " + json.dumps(error.payload()).encode() + b"\n\n"
 
 
 def chat_message(content: str | None, reasoning: str | None) -> dict[str, Any]:
@@ -69,7 +74,12 @@ def chat_choice(index: int, message: dict[str, Any], finish_reason: str) -> dict
 
 
 def chat_body(
-    rid: str, created: int, model: str, choices: list[dict[str, Any]], use: dict[str, Any]
+    rid: str,
+    created: int,
+    model: str,
+    choices: list[dict[str, Any]],
+    use: dict[str, Any],
+    fingerprint: str,
 ) -> bytes:
     return _dumps(
         {
@@ -79,7 +89,7 @@ def chat_body(
             "model": model,
             "choices": choices,
             "service_tier": None,
-            "system_fingerprint": None,
+            "system_fingerprint": fingerprint,
             "usage": use,
             "prompt_logprobs": None,
             "prompt_token_ids": None,
@@ -106,7 +116,12 @@ def completion_choice(index: int, text: str, finish_reason: str) -> dict[str, An
 
 
 def completion_body(
-    rid: str, created: int, model: str, choices: list[dict[str, Any]], use: dict[str, Any]
+    rid: str,
+    created: int,
+    model: str,
+    choices: list[dict[str, Any]],
+    use: dict[str, Any],
+    fingerprint: str,
 ) -> bytes:
     return _dumps(
         {
@@ -116,7 +131,7 @@ def completion_body(
             "model": model,
             "choices": choices,
             "service_tier": None,
-            "system_fingerprint": None,
+            "system_fingerprint": fingerprint,
             "usage": use,
             "kv_transfer_params": None,
             "ec_transfer_params": None,
@@ -126,11 +141,17 @@ def completion_body(
 
 
 class ChunkWriter:
-    """SSE events of one stream; the constant head of every chunk is serialized once."""
+    """SSE events of one stream; the constant head and tails of every chunk are serialized once.
 
-    __slots__ = ("_head",)
+    ``system_fingerprint`` is on the last JSON chunk only: the usage chunk when usage is
+    included, else each choice's finishing chunk.
+    """
 
-    def __init__(self, rid: str, obj: str, created: int, model: str) -> None:
+    __slots__ = ("_finish_end", "_head", "_usage_end")
+
+    def __init__(
+        self, rid: str, obj: str, created: int, model: str, fingerprint: str, include_usage: bool
+    ) -> None:
         self._head = b"".join(
             (
                 b'data: {"id":',
@@ -144,6 +165,8 @@ class ChunkWriter:
                 b',"choices":[',
             )
         )
+        self._usage_end = b',"system_fingerprint":' + _dumps(fingerprint) + b"}\n\n"
+        self._finish_end = _END if include_usage else b"]" + self._usage_end
 
     def role(self, index: int) -> bytes:
         choice = {
@@ -166,7 +189,7 @@ class ChunkWriter:
         if finish is not None:
             choice["stop_reason"] = None
         choice["token_ids"] = None
-        return self._choice(choice, use)
+        return self._choice(choice, finish is not None, use)
 
     def text_delta(
         self, index: int, text: str, finish: str | None, use: dict[str, Any] | None
@@ -180,14 +203,15 @@ class ChunkWriter:
             "prompt_token_ids": None,
             "token_ids": None,
         }
-        return self._choice(choice, use)
+        return self._choice(choice, finish is not None, use)
 
     def usage(self, use: dict[str, Any]) -> bytes:
-        return self._head + b'],"usage":' + _dumps(use) + b"}\n\n"
+        return self._head + b'],"usage":' + _dumps(use) + self._usage_end
 
-    def _choice(self, choice: dict[str, Any], use: dict[str, Any] | None) -> bytes:
-        tail = b"]}\n\n" if use is None else b'],"usage":' + _dumps(use) + b"}\n\n"
-        return self._head + _dumps(choice) + tail
+    def _choice(self, choice: dict[str, Any], finishing: bool, use: dict[str, Any] | None) -> bytes:
+        if use is not None:  # continuous usage: include_usage is on, the fingerprint comes later
+            return self._head + _dumps(choice) + b'],"usage":' + _dumps(use) + b"}\n\n"
+        return self._head + _dumps(choice) + (self._finish_end if finishing else _END)
 
 
 def responses_body(
