@@ -180,3 +180,25 @@ def test_rate_limits_shared_across_replicas_through_redis(tmp_path: Path) -> Non
         with running(a, b):
             codes = [_chat(url, LIMITED).status_code for url in (a.url, b.url, a.url, b.url)]
             assert codes == [200, 200, 200, 429]
+
+
+def test_oversized_headers_get_431(gw: str) -> None:
+    r = httpx.get(gw + "/health", headers={"x-big": "a" * 100_000})
+    assert r.status_code == 431
+
+
+def test_slowloris_connection_is_closed(tmp_path: Path) -> None:
+    import socket
+    import time
+
+    w = sim(model=MODEL, tmp=tmp_path)
+    g = gateway(_cfg(w.url, server={"header_timeout_s": 1.0}), tmp_path)
+    with running(w), running(g):
+        host, port = g.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as s:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # never finishes the head
+            s.settimeout(5)
+            t0 = time.monotonic()
+            assert s.recv(100) == b""  # the gateway closed it
+            assert time.monotonic() - t0 < 4
+        assert httpx.get(g.url + "/health").status_code == 200

@@ -86,16 +86,35 @@ def status(url: str, admin_key: str | None, as_json: bool) -> None:
     sys.exit(run_status(url, admin_key, as_json))
 
 
+@cli.command("new-key", epilog="\b\nExamples:\n  gpupool new-key --name alice --tenant team-a\n"
+             "  gpupool new-key --admin")  # fmt: skip
+@click.option("--name", default="", help="A label for logs and metrics.")
+@click.option("--tenant", default=None, help="Fairness group (defaults to the name).")
+@click.option("--admin", is_flag=True, help="Make an admin key (for /admin/*).")
+def new_key(name: str, tenant: str | None, admin: bool) -> None:
+    """Create an API key: prints the secret once, and the hash to put in the config."""
+    import secrets
+
+    from gpupool.gateway.security.keys import hash_key
+
+    secret = "sk-gp-" + secrets.token_urlsafe(32)
+    digest = hash_key(secret)
+    click.echo(f"secret (give it to the user; it is not stored): {secret}\n")
+    if admin:
+        click.echo(f"auth:\n  enabled: true\n  admin_key_sha256: {digest}")
+        return
+    click.echo("auth:\n  enabled: true\n  keys:")
+    click.echo(f"    - name: {name or 'key'}\n      sha256: {digest}")
+    if tenant:
+        click.echo(f"      tenant: {tenant}")
+
+
 def _register_optional() -> None:
+    from gpupool.workers.planner.cli import gpus, plan
     from gpupool.workers.sim.cli import sim
 
-    cli.add_command(sim)
-    try:
-        from gpupool.workers.planner.cli import gpus, plan
-    except ImportError:  # pragma: no cover - planner not installed
-        return
-    cli.add_command(plan)
-    cli.add_command(gpus)
+    for command in (sim, plan, gpus):
+        cli.add_command(command)
 
 
 _register_optional()

@@ -12,6 +12,7 @@ from gpupool.cli.logs import setup_logging
 from gpupool.cli.progress import StartupProgress
 from gpupool.config.models import GpupoolConfig
 from gpupool.gateway.api.app import create_app
+from gpupool.gateway.api.protocol import guarded_protocol
 from gpupool.gateway.services import Services
 
 log = logging.getLogger("gpupool")
@@ -44,13 +45,15 @@ def run_server(cfg: GpupoolConfig, config_path: str) -> None:
         host=cfg.server.host,
         port=cfg.server.port,
         loop="uvloop",
-        http="httptools",
+        http=guarded_protocol(cfg.server.header_timeout_s, cfg.server.max_header_bytes),
         access_log=cfg.server.access_log,
         log_config=None,
         lifespan="on",
         timeout_graceful_shutdown=int(cfg.server.shutdown_grace_s),
         timeout_keep_alive=30,
         h11_max_incomplete_event_size=64 * 1024,
+        ssl_certfile=cfg.server.ssl_certfile,
+        ssl_keyfile=cfg.server.ssl_keyfile,
     )
     server = uvicorn.Server(config)
     server.run()

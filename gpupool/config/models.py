@@ -34,6 +34,15 @@ class ServerConfig(_Strict):
         32 * 1024 * 1024, gt=0, description="Largest request body accepted; beyond it: 413."
     )
     max_json_depth: int = Field(64, gt=0, description="Deepest JSON nesting accepted; 400 beyond.")
+    max_header_bytes: int = Field(
+        64 * 1024, gt=0, description="Largest request line plus headers; beyond it: 431."
+    )
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="Time a client has to send the request line and headers."
+    )
+    body_timeout_s: float = Field(
+        60.0, gt=0, description="Time a client has to send the whole request body (408 after)."
+    )
     upstream_connect_timeout_s: float = Field(
         5.0, gt=0, description="Time to open a connection to a worker."
     )
@@ -43,6 +52,8 @@ class ServerConfig(_Strict):
     state_dir: str = Field(
         ".gpupool", description="Directory for worker logs, caches, pid files and SD files."
     )
+    ssl_certfile: str | None = Field(None, description="Serve HTTPS with this certificate (PEM).")
+    ssl_keyfile: str | None = Field(None, description="The certificate's private key (PEM).")
     shutdown_grace_s: float = Field(
         30.0, ge=0, description="On SIGTERM, how long in-flight requests may take to finish."
     )

@@ -9,6 +9,7 @@
     ├── Forbidden                    (403, PermissionDeniedError)
     ├── NotFound                     (404, NotFoundError)
     │   └── ModelNotFound            (404, param model)
+    ├── RequestTimeout               (408, a body that did not arrive in time)
     ├── PayloadTooLarge              (413, RequestEntityTooLarge)
     ├── RateLimited                  (429, RateLimitError, carries Retry-After)
     │   ├── QueueFull
@@ -117,6 +118,11 @@ class ModelNotFound(NotFound):
 class PayloadTooLarge(GatewayError):
     status = 413
     type = "RequestEntityTooLarge"
+
+
+class RequestTimeout(GatewayError):
+    status = 408
+    type = "RequestTimeout"
 
 
 class RateLimited(GatewayError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, cast
 
@@ -9,6 +10,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpupool.gateway.api.middleware import read_body
+from gpupool.gateway.errors import RequestTimeout
 
 if TYPE_CHECKING:
     from gpupool.gateway.services import Services
@@ -35,7 +37,12 @@ async def body(request: Request) -> bytes:
     svc = services(request)
     declared = request.headers.get("content-length")
     size = int(declared) if declared and declared.isdigit() else None
-    return await read_body(request.receive, svc.cfg.server.max_body_bytes, size)
+    server = svc.cfg.server
+    try:
+        async with asyncio.timeout(server.body_timeout_s):
+            return await read_body(request.receive, server.max_body_bytes, size)
+    except TimeoutError:
+        raise RequestTimeout("The request body did not arrive in time.") from None
 
 
 def request_id(request: Request) -> str:

@@ -9,7 +9,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpupool.gateway.errors import PayloadTooLarge
 
-
 # The request being served, for log lines (see gpupool/cli/logs.py).
 current_request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
 

@@ -7,8 +7,10 @@
     └── ModelNotFound        (404, NotFoundError, param model)
 
 ``BadRequest`` appends `` (parameter=…, value=…)`` to its message as
-``VLLMValidationError.__str__`` does. The body is ``{"error": {message, type, param, code}}``
-with the HTTP status equal to ``code``.
+``VLLMValidationError.__str__`` does. vLLM's ``VLLMValidationError`` is not a ``ValueError``,
+so raised inside a pydantic validator it escapes validation and is rendered as itself: the
+simulator's validators raise ``BadRequest`` for the same effect. The body is
+``{"error": {message, type, param, code}}`` with the HTTP status equal to ``code``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import orjson
 
 ENGINE_DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+UNSUPPORTED_MEDIA = "Unsupported Media Type: Only 'application/json' is allowed"
 _MAX_REPORTED = 10
 _MAX_INPUT_CHARS = 200
 _MAX_ERROR_CHARS = 1000
@@ -75,6 +78,17 @@ class InvalidBody(SimError):
         return cls("\n".join(lines), param=_param_of(errors))
 
     @classmethod
+    def missing_body(cls) -> InvalidBody:
+        return cls.from_errors(
+            [{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}]
+        )
+
+    @classmethod
+    def unsupported_media(cls) -> InvalidBody:
+        """FastAPI's dependency check of the content type (the error is a bare string)."""
+        return cls(f"1 validation error:\n  {UNSUPPORTED_MEDIA}")
+
+    @classmethod
     def json_invalid(cls, position: int, reason: str) -> InvalidBody:
         error = {
             "type": "json_invalid",
@@ -97,22 +111,7 @@ class ModelNotFound(SimError):
         )
 
 
-class VLLMValidationError(ValueError):
-    """Raised inside pydantic validators: a ValueError that names its parameter."""
-
-    def __init__(self, message: str, parameter: str) -> None:
-        super().__init__(message)
-        self.parameter = parameter
-
-    def __str__(self) -> str:
-        return f"{super().__str__()} (parameter={self.parameter})"
-
-
 def _param_of(errors: Sequence[dict[str, Any]]) -> str | None:
-    for error in errors:
-        ctx_error = (error.get("ctx") or {}).get("error")
-        if isinstance(ctx_error, VLLMValidationError):
-            return ctx_error.parameter
     return _clean_loc(errors[0].get("loc", ())) if errors else None
 
 

@@ -30,6 +30,7 @@ class Meta:
     request_id: str | None = None
     hold_s: float = 0.0
     arrival: float = 0.0
+    media_ok: bool = True  # content type application/json
 
 
 @dataclass(slots=True)

@@ -1,7 +1,8 @@
 """Request schemas: the fields the simulator reads, typed as vLLM types them.
 
 Unknown fields are ignored (vLLM accepts and mostly ignores sampling knobs we do not model).
-Parsing errors become :class:`InvalidBody` worded as vLLM's validation handler words them.
+Parsing errors become :class:`InvalidBody` worded as vLLM's validation handler words them; a
+validator that raises :class:`BadRequest` escapes pydantic, as vLLM's ``VLLMValidationError`` does.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any, TypeVar
 import orjson
 from pydantic import BaseModel, ValidationError, model_validator
 
-from gpupool.workers.sim.errors import InvalidBody, VLLMValidationError
+from gpupool.workers.sim.errors import BadRequest, InvalidBody
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -31,8 +32,8 @@ class _Generate(BaseModel):
     @classmethod
     def _stream_options_need_stream(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("stream_options") and not data.get("stream"):
-            raise VLLMValidationError(
-                "Stream options can only be defined when `stream=True`.", "stream_options"
+            raise BadRequest(
+                "Stream options can only be defined when `stream=True`.", param="stream_options"
             )
         return data
 
@@ -107,8 +108,13 @@ class DetokenizeRequest(BaseModel):
     tokens: list[int]
 
 
-def parse_body(body: bytes, schema: type[T]) -> T:
-    """JSON bytes to a validated model, or :class:`InvalidBody`."""
+def parse_body(body: bytes, schema: type[T], media_ok: bool = True) -> T:
+    """JSON bytes to a validated model, or :class:`InvalidBody`. ``media_ok`` is False when the
+    request's content type is not ``application/json``: vLLM then refuses any body."""
+    if not media_ok:
+        raise InvalidBody.unsupported_media()
+    if not body:
+        raise InvalidBody.missing_body()
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:

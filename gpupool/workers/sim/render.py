@@ -32,6 +32,14 @@ def usage(prompt: int, completion: int, reasoning: int | None = None) -> dict[st
     return out
 
 
+def chat_running_usage(prompt: int, completion: int, reasoning: int | None) -> dict[str, Any]:
+    """A chat chunk's continuous usage: vLLM sets ``completion_tokens_details`` explicitly, so
+    it is there even when null (no reasoning parser)."""
+    out = usage(prompt, completion)
+    out["completion_tokens_details"] = None if reasoning is None else {"reasoning_tokens": reasoning}
+    return out
+
+
 def full_usage(prompt: int, completion: int, reasoning: int | None) -> dict[str, Any]:
     """The non-streamed usage object (``model_dump``)."""
     details = None if reasoning is None else {"reasoning_tokens": reasoning}

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from gpupool.workers.sim import render
-from gpupool.workers.sim.config import SimConfig
+from gpupool.workers.sim.config import VLLM_VERSION, SimConfig
 from gpupool.workers.sim.engine import Engine
 from gpupool.workers.sim.errors import BadRequest, InvalidBody, SimError
 from gpupool.workers.sim.faults import Knobs
@@ -40,7 +40,6 @@ from gpupool.workers.sim.serving import (
 from gpupool.workers.sim.text import TextSource
 from gpupool.workers.sim.tokenize import Tokenizer, UnknownTokenId, render_chat
 
-VLLM_VERSION = "0.32.0"
 JSON = b"application/json"
 METRICS_CONTENT_TYPE = CONTENT_TYPE.encode()
 
@@ -80,7 +79,7 @@ class SimService:
 
     async def chat(self, body: bytes, meta: Meta) -> Reply:
         await self._arrive()
-        req = parse_body(body, ChatRequest)
+        req = parse_body(body, ChatRequest, meta.media_ok)
         job = self.jobs.chat(req, meta)
         self._maybe_fail()
         if req.stream:
@@ -90,7 +89,7 @@ class SimService:
 
     async def completions(self, body: bytes, meta: Meta) -> Reply:
         await self._arrive()
-        req = parse_body(body, CompletionRequest)
+        req = parse_body(body, CompletionRequest, meta.media_ok)
         job = self.jobs.completion(req, meta)
         self._maybe_fail()
         if req.stream:
@@ -100,7 +99,7 @@ class SimService:
 
     async def responses(self, body: bytes, meta: Meta) -> Reply:
         await self._arrive()
-        req = parse_body(body, ResponsesRequest)
+        req = parse_body(body, ResponsesRequest, meta.media_ok)
         if req.stream:
             raise BadRequest(
                 "The simulator answers /v1/responses without streaming only.", param="stream"
@@ -160,7 +159,7 @@ class SimService:
         return JsonReply(200, self.engine.metrics.render(), METRICS_CONTENT_TYPE)
 
     async def tokenize(self, body: bytes, meta: Meta) -> Reply:
-        req = parse_body(body, TokenizeRequest)
+        req = parse_body(body, TokenizeRequest, meta.media_ok)
         self.jobs.check_model(req.model)
         if req.messages is not None:
             text = render_chat(req.messages, req.add_generation_prompt, req.continue_final_message)
@@ -178,7 +177,7 @@ class SimService:
         )
 
     async def detokenize(self, body: bytes, meta: Meta) -> Reply:
-        req = parse_body(body, DetokenizeRequest)
+        req = parse_body(body, DetokenizeRequest, meta.media_ok)
         self.jobs.check_model(req.model)
         try:
             return _ok({"prompt": self.tokenizer.decode(req.tokens)})

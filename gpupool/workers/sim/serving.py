@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Iterator
-from typing import Any, Protocol
+from typing import Protocol
 
 from gpupool.workers.sim import render
 from gpupool.workers.sim.engine import Engine
@@ -13,12 +13,15 @@ from gpupool.workers.sim.reasoning import Qwen3Splitter, prompt_ends_reasoning, 
 
 
 class StreamFormat(Protocol):
+    """One endpoint's chunks. ``chunk``'s ``done`` is the choice's token count so far when the
+    client asked for continuous usage, else None."""
+
     writer: render.ChunkWriter
 
     def opening(self) -> list[bytes]: ...
 
     def chunk(
-        self, index: int, piece: str, last: bool, finish: str | None, use: dict[str, Any] | None
+        self, index: int, piece: str, last: bool, finish: str | None, done: int | None
     ) -> bytes | None: ...
 
     @property
@@ -29,13 +32,12 @@ class ChatFormat:
     """Chat chunks: a role chunk per choice, then content (and reasoning) deltas."""
 
     def __init__(self, job: Job) -> None:
-        self.writer = render.ChunkWriter(
-            job.response_id, "chat.completion.chunk", job.created, job.model
-        )
+        self.writer = _writer(job, "chat.completion.chunk")
         self._n = len(job.outputs)
+        self._prompt_tokens = job.prompt_tokens
         self._keep_reasoning = job.include_reasoning
         self._splitters: list[Qwen3Splitter] | None = None
-        self._reasoning_tokens = 0
+        self._reasoning = [0] * self._n
         if job.thinking is not None:
             start = job.thinking and not prompt_ends_reasoning(job.prompt)
             self._splitters = [Qwen3Splitter(start) for _ in job.outputs]
@@ -44,22 +46,26 @@ class ChatFormat:
         return [self.writer.role(i) for i in range(self._n)]
 
     def chunk(
-        self, index: int, piece: str, last: bool, finish: str | None, use: dict[str, Any] | None
+        self, index: int, piece: str, last: bool, finish: str | None, done: int | None
     ) -> bytes | None:
         delta = self._delta(index, piece, last)
         if not delta and finish is None:
             return None
+        use = None
+        if done is not None:
+            reasoning = None if self._splitters is None else self._reasoning[index]
+            use = render.chat_running_usage(self._prompt_tokens, done, reasoning)
         return self.writer.chat_delta(index, delta, finish, use)
 
     @property
     def reasoning_tokens(self) -> int | None:
-        return None if self._splitters is None else self._reasoning_tokens
+        return None if self._splitters is None else sum(self._reasoning)
 
     def _delta(self, index: int, piece: str, last: bool) -> dict[str, str]:
         if self._splitters is None:
             return {"content": piece}
         splitter = self._splitters[index]
-        self._reasoning_tokens += splitter.in_reasoning and bool(piece)
+        self._reasoning[index] += splitter.in_reasoning and bool(piece)
         reasoning, content = splitter.feed(piece)
         if last:
             more_r, more_c = splitter.flush()
@@ -78,25 +84,29 @@ class TextFormat:
     reasoning_tokens = None
 
     def __init__(self, job: Job) -> None:
-        self.writer = render.ChunkWriter(job.response_id, "text_completion", job.created, job.model)
+        self.writer = _writer(job, "text_completion")
+        self._prompt_tokens = job.prompt_tokens
 
     def opening(self) -> list[bytes]:
         return []
 
     def chunk(
-        self, index: int, piece: str, last: bool, finish: str | None, use: dict[str, Any] | None
+        self, index: int, piece: str, last: bool, finish: str | None, done: int | None
     ) -> bytes | None:
+        use = None if done is None else render.usage(self._prompt_tokens, done)
         return self.writer.text_delta(index, piece, finish, use)
+
+
+def _writer(job: Job, obj: str) -> render.ChunkWriter:
+    return render.ChunkWriter(
+        job.response_id, obj, job.created, job.model, job.fingerprint, job.include_usage
+    )
 
 
 async def stream(
     engine: Engine, knobs: Knobs, job: Job, fmt: StreamFormat
 ) -> AsyncGenerator[bytes, None]:
     """The SSE body. Token ``k`` of every choice goes out together, paced by the engine."""
-    if job.late_error is not None:
-        yield render.error_event(job.late_error)
-        yield render.DONE
-        return
     counts = [0] * len(job.outputs)
     async with engine.running(job.admission) as run:
         for step in range(job.steps):
@@ -122,16 +132,14 @@ def _step_chunks(fmt: StreamFormat, job: Job, step: int, counts: list[int]) -> I
         last = step >= size - 1
         piece = out.pieces[step] if size else ""
         counts[i] += 1 if size else 0
-        use = render.usage(job.prompt_tokens, counts[i]) if job.continuous_usage else None
-        chunk = fmt.chunk(i, piece, last, out.finish_reason if last else None, use)
+        done = counts[i] if job.continuous_usage else None
+        chunk = fmt.chunk(i, piece, last, out.finish_reason if last else None, done)
         if chunk is not None:
             yield chunk
 
 
 async def run_full(engine: Engine, job: Job) -> None:
-    """Hold a slot for as long as the whole output takes; raise the engine-side errors."""
-    if job.late_error is not None:
-        raise job.late_error
+    """Hold a slot for as long as the whole output takes."""
     async with engine.running(job.admission) as run:
         await run.pace_all(job.steps)
         run.generated = job.generated
@@ -151,7 +159,7 @@ def chat_body(job: Job) -> bytes:
         message = render.chat_message(content, reasoning)
         choices.append(render.chat_choice(i, message, out.finish_reason))
     use = render.full_usage(job.prompt_tokens, job.generated, reasoning_total)
-    return render.chat_body(job.response_id, job.created, job.model, choices, use)
+    return render.chat_body(job.response_id, job.created, job.model, choices, use, job.fingerprint)
 
 
 def completion_body(job: Job) -> bytes:
@@ -160,4 +168,6 @@ def completion_body(job: Job) -> bytes:
         for i, out in enumerate(job.outputs)
     ]
     use = render.full_usage(job.prompt_tokens, job.generated, None)
-    return render.completion_body(job.response_id, job.created, job.model, choices, use)
+    return render.completion_body(
+        job.response_id, job.created, job.model, choices, use, job.fingerprint
+    )
