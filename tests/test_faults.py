@@ -158,6 +158,8 @@ def test_worker_killed_mid_stream(tmp_path: Path) -> None:
 # ---- a worker frozen (SIGSTOP), then thawed -----------------------------------------------------
 # One run, several verdicts: the run happens once (module fixture), each property is a test.
 
+HEALTH_TIMEOUT_S = 2.0
+
 
 def _freeze(a: Proc, gw: Proc, traffic: bool) -> dict[str, Any]:
     """Freeze ``a``; with ``traffic``, 12 clients arrive at once. Until ``a`` is out, then thaw."""
@@ -180,7 +182,8 @@ def frozen(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("frozen")
     a, b = (sim(model=MODEL, tmp=tmp, max_num_seqs=16, ttft_ms=20) for _ in range(2))
     server = {"upstream_read_timeout_s": 2.0, "upstream_connect_timeout_s": 1.0}
-    cfg = gateway_config([("a", a, 4), ("b", b, 4)], routing=NO_AFFINITY, server=server)
+    routing = {**NO_AFFINITY, "health_timeout_s": HEALTH_TIMEOUT_S}
+    cfg = gateway_config([("a", a, 4), ("b", b, 4)], routing=routing, server=server)
     gw = gateway(cfg, tmp)
     with running(a, b), running(gw, ready_path="/ready"):
         quiet = _freeze(a, gw, traffic=False)  # only the health check can notice
@@ -213,8 +216,8 @@ def test_frozen_worker_is_taken_out_and_comes_back(frozen: dict[str, Any]) -> No
         assert {o.worker for o in run["while_out"]} == {"b"}
         assert labels(run["while_out"]) == {"200": 6}
         assert run["back_s"] < 5.0
-    # two failed probes of 5 s each (probe timeout) plus two health intervals, plus slack
-    assert frozen["quiet"]["out_s"] < 2 * (5.0 + 0.2) + 3.0
+    # fail_threshold (2) probes that time out, each after a health interval, plus slack
+    assert frozen["quiet"]["out_s"] < 2 * (HEALTH_TIMEOUT_S + 0.2) + 3.0
     assert frozen["busy"]["out_s"] < 2.0 + 3.0  # the retries' failures count too
 
 
@@ -235,14 +238,15 @@ def test_frozen_worker_requests_are_not_executed_twice(frozen: dict[str, Any]) -
 )
 def test_request_on_a_frozen_worker_ends_once_the_worker_is_out(tmp_path: Path) -> None:
     a, b = (sim(model=MODEL, tmp=tmp_path, max_num_seqs=16) for _ in range(2))
-    cfg = gateway_config([("a", a, 4), ("b", b, 4)], routing={**NO_AFFINITY, "fail_threshold": 1})
+    routing = {**NO_AFFINITY, "fail_threshold": 1, "health_timeout_s": HEALTH_TIMEOUT_S}
+    cfg = gateway_config([("a", a, 4), ("b", b, 4)], routing=routing)
     gw = gateway(cfg, tmp_path)  # the default upstream_read_timeout_s: vLLM may be silent long
     with running(a, b), running(gw, ready_path="/ready"):
         a.kill(signal.SIGSTOP)
         t0 = time.monotonic()
 
         async def stuck() -> tuple[Outcome, float]:
-            async with async_client(1, timeout=10) as c:
+            async with async_client(1, timeout=7) as c:  # the worker is out after ~2 s
                 out = asyncio.create_task(call(c, gw.url, body("to a"), rid("stuck")))
                 await asyncio.to_thread(wait_state, gw, "a", "failed", 10)
                 out_s = _since(t0)

@@ -12,6 +12,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
@@ -25,7 +26,7 @@ from tests.fault_tools import MODEL, fresh_request, gateway_config, settled
 from tests.procs import Proc, gateway, running, sim
 
 REQUEST_TIMEOUT_S = 10.0  # a generated request answered later than this is a hang
-MAX_EXAMPLES = 30  # per operation; five operations
+MAX_EXAMPLES = 50  # per operation and mode: eight runs
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +62,19 @@ def test_the_fuzzed_operations_are_all_of_the_document(gateway_schema: Any) -> N
     assert sorted((m.upper(), p) for p, ops in paths.items() for m in ops) == sorted(OPERATIONS)
 
 
-def _aim_at_the_model(case: Any) -> None:
+def _prepare(case: Any) -> None:
     """Most generated model names are unknown (404 before anything else is looked at): send
-    half of the bodies that name a model to the served one instead."""
+    half of the bodies that name a model to the served one instead. And keep `n` small: the
+    gateway forwards any `n` (see the xfail below) and a worker asked for billions of choices
+    stops answering (the simulator also grows without bound)."""
     body = case.body
-    if isinstance(body, dict) and isinstance(body.get("model"), str) and len(body["model"]) % 2:
+    if not isinstance(body, dict):
+        return
+    if isinstance(body.get("model"), str) and len(body["model"]) % 2:
         body["model"] = MODEL
+    n = body.get("n")
+    if isinstance(n, int) and not isinstance(n, bool) and n > 4:
+        body["n"] = 5 + n % 60  # still above the documented maximum of 4
 
 
 def _check(case: Any) -> None:
@@ -101,10 +109,22 @@ def test_generated_requests_get_no_5xx_and_no_hang(
               suppress_health_check=list(HealthCheck))  # fmt: skip
     @given(case=strategy)
     def fuzz(case: Any) -> None:
-        _aim_at_the_model(case)
+        _prepare(case)
         _check(case)
 
     fuzz()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: `n` above the documented maximum (4, in /openapi.json) is forwarded; a huge `n` "
+    "hangs each worker it is sent to, and the retry after the read timeout takes a second one",
+)
+def test_n_above_the_documented_maximum_is_refused(stack: dict[str, Proc]) -> None:
+    r = httpx.post(stack["gw"].url + "/v1/completions", timeout=REQUEST_TIMEOUT_S,
+                   json={"model": MODEL, "prompt": "x", "max_tokens": 1, "n": 5})  # fmt: skip
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "n"
 
 
 def test_gateway_still_serves_after_fuzzing(stack: dict[str, Proc]) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -30,6 +32,7 @@ from gpupool.workers.sim.reasoning import Qwen3Splitter, split_all
 from gpupool.workers.sim.text import chunk_chars
 
 ROOT = Path(__file__).resolve().parents[1]
+FINGERPRINT = re.compile(r"vllm-0\.32\.0-[0-9a-f]{8}")
 SCRIPT = "<think>Let me think.\nStep two.</think>\n\nThe answer is 42."
 KNOB_DEFAULTS = {
     "fail_rate": 0.0,
@@ -190,6 +193,8 @@ async def test_chat_non_streaming_body_has_vllm_fields(
     ]
     assert body["usage"]["completion_tokens"] == 1
     assert body["usage"]["completion_tokens_details"] is None
+    assert FINGERPRINT.fullmatch(body["system_fingerprint"])
+    assert re.fullmatch(r"chatcmpl-[0-9a-f]{16}", body["id"])
 
 
 async def test_chat_stream_framing_and_usage_chunk(http: httpx.AsyncClient) -> None:
@@ -200,6 +205,7 @@ async def test_chat_stream_framing_and_usage_chunk(http: httpx.AsyncClient) -> N
     }
     resp = await http.post("/v1/chat/completions", json=req)
     assert resp.headers["content-type"] == "text/event-stream; charset=utf-8"
+    assert resp.headers["vary"] == "Origin" and "content-length" not in resp.headers
     chunks = sse_events(resp.content)
     first, *deltas, last = chunks
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
@@ -210,6 +216,39 @@ async def test_chat_stream_framing_and_usage_chunk(http: httpx.AsyncClient) -> N
     assert last["choices"] == []
     assert last["usage"]["completion_tokens"] == len(deltas)
     assert len({c["id"] for c in chunks}) == 1
+    # the fingerprint is on the last JSON chunk only: here the usage chunk
+    assert list(last) == ["id", "object", "created", "model", "choices", "usage",
+                          "system_fingerprint"]  # fmt: skip
+    assert FINGERPRINT.fullmatch(last["system_fingerprint"])
+    assert all("system_fingerprint" not in c for c in chunks[:-1])
+
+
+async def test_stream_without_usage_puts_the_fingerprint_on_each_finishing_chunk(
+    http: httpx.AsyncClient,
+) -> None:
+    for path, body in (
+        ("/v1/chat/completions", {"messages": user("a b c"), "n": 2}),
+        ("/v1/completions", {"prompt": "a b c", "n": 2}),
+    ):
+        chunks = sse_events((await http.post(path, json={**body, "stream": True})).content)
+        stamped = [c for c in chunks if "system_fingerprint" in c]
+        assert [c["choices"][0]["index"] for c in stamped] == [0, 1]
+        assert all(c["choices"][0]["finish_reason"] == "stop" for c in stamped)
+        assert all(list(c)[-1] == "system_fingerprint" for c in stamped)
+        unstamped = [c for c in chunks if "system_fingerprint" not in c]
+        assert all(c["choices"][0]["finish_reason"] is None for c in unstamped)
+
+
+async def test_continuous_usage_chunks(http: httpx.AsyncClient) -> None:
+    opts = {"include_usage": True, "continuous_usage_stats": True}
+    req = {"messages": user("a b"), "stream": True, "stream_options": opts}
+    _, *deltas, last = sse_events((await http.post("/v1/chat/completions", json=req)).content)
+    assert [d["usage"]["completion_tokens"] for d in deltas] == [1, 2, 3]
+    assert all(d["usage"]["completion_tokens_details"] is None for d in deltas)
+    assert "completion_tokens_details" not in last["usage"]
+    req = {"prompt": "a b", "stream": True, "stream_options": opts}
+    *chunks, _ = sse_events((await http.post("/v1/completions", json=req)).content)
+    assert list(chunks[0]["usage"]) == ["prompt_tokens", "total_tokens", "completion_tokens"]
 
 
 async def test_openai_client_streams_the_same_text(oai: openai.AsyncOpenAI) -> None:
@@ -295,28 +334,91 @@ async def test_context_length_errors_and_clamp(http: httpx.AsyncClient) -> None:
     body = (await http.post("/v1/chat/completions", json=fits)).json()
     assert body["usage"]["total_tokens"] == 256
     assert body["choices"][0]["finish_reason"] == "length"
+    for bad in (-1, 0):  # always named max_tokens, as vLLM's sampling parameters name it
+        req = {"messages": user("x"), "max_completion_tokens": bad}
+        error = (await http.post("/v1/chat/completions", json=req)).json()["error"]
+        assert error["message"] == (
+            f"max_tokens must be at least 1, got {bad}. (parameter=max_tokens, value={bad})"
+        )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_prompt_filling_the_window_is_a_plain_400(
+    http: httpx.AsyncClient, stream: bool
+) -> None:
+    """max_tokens is clamped to 0 first, for stream and non-stream alike; one token less fits."""
+    for prompt, max_tokens in (([7] * 256, None), ("a " * 128, 5)):  # both 256 tokens long
+        req = {"prompt": prompt, "max_tokens": max_tokens, "stream": stream}
+        resp = await http.post("/v1/completions", json=req)
+        assert resp.status_code == 400
+        assert resp.headers["content-type"] == "application/json"
+        assert resp.json() == {"error": {
+            "message": "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
+            "type": "BadRequestError", "param": "max_tokens", "code": 400}}  # fmt: skip
+    req = {"prompt": "a " * 127 + "a", "max_tokens": 5, "stream": stream}
+    resp = await http.post("/v1/completions", json=req)
+    body = sse_events(resp.content)[-1] if stream else resp.json()
+    assert (body["choices"][0]["text"], body["choices"][0]["finish_reason"]) == ("a", "length")
+
+
+async def test_default_max_tokens_16_for_completions_and_the_window_for_chat() -> None:
+    with serve(SimConfig(max_model_len=40, output_tokens=100)) as url:
+        async with httpx.AsyncClient(base_url=url) as client:
+            text = (await client.post("/v1/completions", json={"prompt": "hi"})).json()
+            chat = (await client.post("/v1/chat/completions", json={"messages": user("hi")})).json()
+    assert text["usage"]["completion_tokens"] == 16
+    assert chat["usage"]["total_tokens"] == 40
+    assert chat["choices"][0]["finish_reason"] == "length"
+
+
+JSON_TYPE = {"content-type": "application/json"}
 
 
 @pytest.mark.parametrize(
-    "payload",
+    ("payload", "headers", "param"),
     [
-        b'{"messages": "hi"}',
-        b'{"messages": [], "max_tokens": "many"}',
-        b"{not json",
-        b'{"messages": [], "stream_options": {"include_usage": true}}',
+        (b'{"messages": "hi"}', JSON_TYPE, "body.messages"),
+        (b'{"messages": [], "max_tokens": "many"}', JSON_TYPE, "body.max_tokens"),
+        (b"{not json", JSON_TYPE, "body.1"),
+        (b"", JSON_TYPE, "body"),
+        (b'{"messages": []}', {}, None),  # no content type
+        (b'{"messages": []}', {"content-type": "text/plain"}, None),
     ],
 )
-async def test_malformed_bodies_are_bad_request(http: httpx.AsyncClient, payload: bytes) -> None:
-    resp = await http.post("/v1/chat/completions", content=payload)
+async def test_malformed_bodies_are_bad_request(
+    http: httpx.AsyncClient, payload: bytes, headers: dict[str, str], param: str | None
+) -> None:
+    resp = await http.post("/v1/chat/completions", content=payload, headers=headers)
     assert resp.status_code == 400
     error = resp.json()["error"]
-    assert error["type"] == "Bad Request" and error["code"] == 400
-    assert "validation error" in error["message"]
+    assert (error["type"], error["code"], error["param"]) == ("Bad Request", 400, param)
+    assert error["message"].startswith("1 validation error:\n  ")
+    if not headers:
+        assert error["message"].endswith(
+            "Unsupported Media Type: Only 'application/json' is allowed"
+        )
 
 
-async def test_unregistered_routes_are_starlette_404(http: httpx.AsyncClient) -> None:
+async def test_stream_options_without_stream_is_a_validation_error(http: httpx.AsyncClient) -> None:
+    """vLLM's VLLMValidationError escapes pydantic: not a schema error, other errors unseen."""
+    for body in ({"messages": user("x")}, {"messages": "not a list"}, {"prompt": "x"}):
+        path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+        resp = await http.post(path, json={**body, "stream_options": {"include_usage": True}})
+        assert (resp.status_code, resp.json()) == (400, {"error": {
+            "message": "Stream options can only be defined when `stream=True`. "
+                       "(parameter=stream_options)",
+            "type": "BadRequestError", "param": "stream_options", "code": 400}})  # fmt: skip
+
+
+async def test_unregistered_routes_and_wrong_methods_are_fastapi_shaped(
+    http: httpx.AsyncClient,
+) -> None:
     resp = await http.post("/v1/embeddings", json={"input": "x"})
     assert (resp.status_code, resp.json()) == (404, {"detail": "Not Found"})
+    assert resp.headers["vary"] == "Origin"
+    resp = await http.get("/v1/chat/completions")
+    assert (resp.status_code, resp.json()) == (405, {"detail": "Method Not Allowed"})
+    assert resp.headers["allow"] == "POST"
 
 
 # -- capacity, cancellation, faults ------------------------------------------------------------
@@ -421,26 +523,14 @@ async def test_request_id_header_names_the_response(http: httpx.AsyncClient) -> 
     assert (await http.get("/sim/stats")).json()["request_ids"] == ["abc123"]
 
 
-def test_crash_after_tokens_kills_the_process_mid_stream() -> None:
+@contextmanager
+def sim_process(*args: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``python -m gpupool.workers.sim`` on a free port, healthy; killed at the end."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpupool.workers.sim",
-            "--port",
-            str(port),
-            "--mode",
-            "lorem",
-            "--output-tokens",
-            "50",
-            "--crash-after-tokens",
-            "3",
-            "--itl-ms",
-            "5",
-        ],
+        [sys.executable, "-m", "gpupool.workers.sim", "--port", str(port), *args],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -449,6 +539,24 @@ def test_crash_after_tokens_kills_the_process_mid_stream() -> None:
     try:
         url = f"http://127.0.0.1:{port}"
         _wait_healthy(url, proc)
+        yield url, proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_crash_after_tokens_kills_the_process_mid_stream() -> None:
+    args = (
+        "--mode",
+        "lorem",
+        "--output-tokens",
+        "50",
+        "--crash-after-tokens",
+        "3",
+        "--itl-ms",
+        "5",
+    )
+    with sim_process(*args) as (url, proc):
         received = b""
         with (
             pytest.raises(httpx.HTTPError),
@@ -465,9 +573,42 @@ def test_crash_after_tokens_kills_the_process_mid_stream() -> None:
         contents = [c for c in received.split(b"\n\n") if b'"content"' in c]
         assert len(contents) == 4  # the role chunk and three tokens
         assert b"[DONE]" not in received
-    finally:
-        proc.kill()
-        proc.wait()
+
+
+ENGINE_DEAD_EVENT = (
+    b'data: {"error": {"message": "EngineCore encountered an issue. See stack trace (above) for '
+    b'the root cause.", "type": "InternalServerError", "param": null, "code": 500}}'
+)
+
+
+def test_sigterm_kills_the_engine_like_vllm_and_exits_0() -> None:
+    """vLLM's default shutdown aborts: a started stream gets the (spaced) error event and
+    [DONE], a request still waiting gets a 500, and the process exits with status 0."""
+    args = ("--mode", "lorem", "--output-tokens", "500", "--itl-ms", "20")
+    with sim_process(*args) as (url, proc):
+        held: list[httpx.Response] = []
+        req = {"messages": user("x")}
+
+        def wait_in_the_engine() -> None:
+            hold = {"x-sim-hold-ms": "20000"}
+            held.append(httpx.post(url + "/v1/chat/completions", json=req, headers=hold))
+
+        waiter = threading.Thread(target=wait_in_the_engine)
+        waiter.start()
+        while httpx.get(url + "/sim/stats").json()["running"] < 1:
+            time.sleep(0.01)
+        with httpx.stream(
+            "POST", url + "/v1/chat/completions", json={**req, "stream": True}, timeout=10
+        ) as resp:
+            chunks = resp.iter_raw()
+            raw = next(chunks)
+            proc.send_signal(signal.SIGTERM)
+            raw += b"".join(chunks)
+        waiter.join(10)
+        assert proc.wait(timeout=10) == 0
+    assert raw.split(b"\n\n")[-3:] == [ENGINE_DEAD_EVENT, b"data: [DONE]", b""]
+    assert held[0].status_code == 500
+    assert held[0].content == ENGINE_DEAD_EVENT[6:].replace(b", ", b",").replace(b": ", b":")
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen[bytes]) -> None:
@@ -553,9 +694,15 @@ async def test_tokenize_counts_the_chat_template(http: httpx.AsyncClient) -> Non
 async def test_metrics_exposition(http: httpx.AsyncClient) -> None:
     await http.post("/v1/chat/completions", json={"messages": user("same prefix " * 20)})
     await http.post("/v1/chat/completions", json={"messages": user("same prefix " * 20)})
-    resp = await http.get("/metrics")
-    assert resp.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    resp = await http.get("/metrics", headers={"accept": "application/openmetrics-text"})
+    assert resp.headers["content-type"] == "text/plain; version=1.0.0; charset=utf-8"
     text = resp.text
+    assert (
+        "# HELP vllm:prompt_tokens_created Number of prefill tokens processed.\n"
+        "# TYPE vllm:prompt_tokens_created gauge\n"
+        'vllm:prompt_tokens_created{engine="0",model_name="sim-model"} '
+    ) in text
+    assert 'finished_reason="repetition"' in text
     for name in (
         "vllm:kv_cache_usage_perc{",
         "vllm:prompt_tokens_total{",

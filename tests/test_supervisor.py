@@ -685,3 +685,21 @@ async def test_the_gpupool_simulator_runs_under_the_supervisor(tmp_path: Path) -
     async with supervising(tmp_path, cfg) as (sup, _):
         w = await ready(sup, "sim", timeout_s=30)
         assert w.max_model_len == 32768 and w.capacity == 4 and w.last_error is None
+
+
+async def test_start_after_waits_for_the_big_card_to_be_ready(tmp_path: Path) -> None:
+    """Seed 000: the small card starts only once the big one has warmed the shared cache."""
+    big = fake_worker(tmp_path, "big", args={"startup-delay": 1.0})
+    small = fake_worker(tmp_path, "small", start_after=["big"])
+    registry = Registry()
+    async with aiohttp.ClientSession() as session:
+        sup = Supervisor(registry, [big, small], ServerConfig(state_dir=str(tmp_path)), session)
+        await sup.start()
+        try:
+            await asyncio.sleep(0.6)
+            assert sup.worker("small").pid is None  # not launched yet
+            assert "waiting for big" in (sup.worker("small").last_error or "")
+            await sup.wait_for("small", {WorkerState.ready}, 30)
+            assert sup.worker("big").state is WorkerState.ready
+        finally:
+            await sup.stop()

@@ -121,6 +121,11 @@ class LaunchConfig(_Strict):
     )
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment.")
     startup_timeout_s: float = Field(900.0, gt=0, description="Longest wait for readiness.")
+    start_after: list[str] = Field(
+        default_factory=list,
+        description="Workers that must be ready (warmed) before this one first launches: "
+        "seed 000's fix, a big card warms the shared Triton cache before a small card uses it.",
+    )
     stop_timeout_s: float = Field(30.0, gt=0, description="SIGTERM → SIGKILL grace.")
     max_restarts: int = Field(5, ge=0, description="Crashes within restart_window_s → failed.")
     restart_window_s: float = Field(600.0, gt=0, description="Window for counting crashes.")
@@ -254,6 +259,9 @@ class GpupoolConfig(_Strict):
             if w.name in seen:
                 raise ValueError(f"workers[{i}].name: `{w.name}` is used twice")
             seen.add(w.name)
+            for dep in w.launch.start_after if w.launch else []:
+                if dep not in {x.name for x in self.workers} or dep == w.name:
+                    raise ValueError(f"workers[{i}].launch.start_after: no other worker `{dep}`")
             if w.model not in model_names:
                 raise ValueError(
                     f"workers[{i}].model: `{w.model}` is not in `models` "

@@ -3,8 +3,13 @@ uvicorn runner.
 
 Routing is a dict lookup; unknown paths get Starlette's ``{"detail": "Not Found"}`` (what vLLM
 answers for routes it did not register, such as ``/v1/embeddings`` on a generate model).
+Every response carries ``vary: Origin``, as vLLM's CORS middleware adds it.
 Requests that may wait (a busy engine, latency, holds, a hang) run in a task raced against the
 client's disconnect, which cancels the work and frees the slot.
+
+SIGTERM or SIGINT does what vLLM's default (``--shutdown-timeout 0``) does: the engine dies at
+once, so generations in flight end with vLLM's engine-dead error (a 500, or inside a started
+stream an error event and ``[DONE]``), the server stops and the process exits 0.
 """
 
 from __future__ import annotations
@@ -12,14 +17,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any
 
 import uvicorn
 from starlette.types import Message, Receive, Scope, Send
 
+from gpupool.workers.sim import render
 from gpupool.workers.sim.config import SimConfig
 from gpupool.workers.sim.errors import SimError
 from gpupool.workers.sim.jobs import Meta
@@ -29,7 +36,12 @@ Handler = Callable[[bytes, Meta], Awaitable[Reply]]
 MayBlock = Callable[[Meta], bool]
 _NOT_FOUND = b'{"detail":"Not Found"}'
 _NOT_ALLOWED = b'{"detail":"Method Not Allowed"}'
-_SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8")]
+_VARY = (b"vary", b"Origin")
+_SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), _VARY]
+_GENERATION = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
+_ENGINE_DEAD = JsonReply(500, SimError().to_json())
+_ENGINE_DEAD_EVENT = render.error_event(SimError()) + render.DONE
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 log = logging.getLogger("gpupool.sim")
 
 
@@ -38,6 +50,9 @@ class SimApp:
 
     def __init__(self, config: SimConfig) -> None:
         self.service = s = SimService(config)
+        self.engine_dead = False
+        self._generating: set[asyncio.Task[Any]] = set()
+        self._killed: set[asyncio.Task[Any]] = set()
         hung: MayBlock = lambda _meta: s.knobs.hang  # noqa: E731
         self._routes: dict[str, dict[str, tuple[Handler, MayBlock | None]]] = {
             "/v1/chat/completions": {"POST": (s.chat, s.blocking)},
@@ -75,11 +90,91 @@ class SimApp:
         handler, may_block = entry
         body = await _read_body(receive)
         meta = _meta(scope)
-        work = _serve(handler, body, meta, send)
+        if scope["path"] in _GENERATION:
+            work = self._generate(handler, body, meta, send)
+        else:
+            work = _serve(handler, body, meta, send)
         if may_block is not None and may_block(meta):
             await _race_disconnect(work, receive)
         else:
             await work
+
+    def kill_engine(self) -> None:
+        """The engine dies: generations in flight end with vLLM's engine-dead error, new ones
+        get it at once."""
+        self.engine_dead = True
+        self._killed.update(self._generating)
+        for task in self._killed:
+            task.cancel()
+
+    async def _generate(self, handler: Handler, body: bytes, meta: Meta, send: Send) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._generating.add(task)
+        try:
+            try:
+                reply = _ENGINE_DEAD if self.engine_dead else await handler(body, meta)
+            except SimError as exc:
+                reply = JsonReply(exc.status, exc.to_json())
+            except asyncio.CancelledError:
+                if not self._engine_killed(task):
+                    raise
+                reply = _ENGINE_DEAD
+            if isinstance(reply, StreamReply):
+                await self._send_stream(send, reply, task)
+            else:
+                await _send_json(send, reply)
+        finally:
+            self._generating.discard(task)
+
+    async def _send_stream(self, send: Send, reply: StreamReply, task: asyncio.Task[Any]) -> None:
+        chunks = reply.chunks
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        try:
+            async for chunk in chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except asyncio.CancelledError:
+            if not self._engine_killed(task):
+                raise
+            await send(
+                {"type": "http.response.body", "body": _ENGINE_DEAD_EVENT, "more_body": True}
+            )
+        finally:
+            await chunks.aclose()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def _engine_killed(self, task: asyncio.Task[Any]) -> bool:
+        """Whether the engine's death cancelled ``task``; if so, the task carries on (to report
+        it) and is no longer counted as cancelled."""
+        if task not in self._killed:
+            return False
+        self._killed.discard(task)
+        task.uncancel()
+        return True
+
+
+class _Server(uvicorn.Server):
+    """uvicorn with vLLM's signal handling: kill the engine, stop serving, exit 0."""
+
+    def __init__(self, config: uvicorn.Config, app: SimApp) -> None:
+        super().__init__(config)
+        self._app = app
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        loop = asyncio.get_running_loop()
+        for sig in _SIGNALS:
+            loop.add_signal_handler(sig, self._on_signal)
+        try:
+            yield
+        finally:
+            for sig in _SIGNALS:
+                loop.remove_signal_handler(sig)
+
+    def _on_signal(self) -> None:
+        self.force_exit = self.should_exit  # a second signal stops waiting for hung requests
+        self.should_exit = True
+        self._app.kill_engine()
 
 
 def create_sim_app(config: SimConfig) -> SimApp:
@@ -96,7 +191,7 @@ def run_sim(config: SimConfig) -> None:
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.run(
+    uv_config = uvicorn.Config(
         app,
         host=config.host,
         port=config.port,
@@ -107,6 +202,7 @@ def run_sim(config: SimConfig) -> None:
         lifespan="on",
         timeout_graceful_shutdown=5,  # hung requests must not keep SIGTERM waiting
     )
+    _Server(uv_config, app).run()
 
 
 async def _serve(handler: Handler, body: bytes, meta: Meta, send: Send) -> None:
@@ -114,10 +210,8 @@ async def _serve(handler: Handler, body: bytes, meta: Meta, send: Send) -> None:
         reply = await handler(body, meta)
     except SimError as exc:
         reply = JsonReply(exc.status, exc.to_json())
-    if isinstance(reply, StreamReply):
-        await _send_stream(send, reply)
-    else:
-        await _send_json(send, reply)
+    assert isinstance(reply, JsonReply), "only generation routes stream"
+    await _send_json(send, reply)
 
 
 async def _send_json(
@@ -128,21 +222,9 @@ async def _send_json(
         headers.append((b"content-type", reply.content_type))
     if extra:
         headers.extend(extra)
+    headers.append(_VARY)
     await send({"type": "http.response.start", "status": reply.status, "headers": headers})
     await send({"type": "http.response.body", "body": reply.body})
-
-
-async def _send_stream(send: Send, reply: StreamReply) -> None:
-    chunks = reply.chunks
-    await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-    try:
-        async for chunk in chunks:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-    except SimError as exc:  # pragma: no cover - streams report their own errors
-        log.warning("stream failed: %s", exc.message)
-    finally:
-        await chunks.aclose()
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 async def _race_disconnect(work: Coroutine[Any, Any, None], receive: Receive) -> None:
@@ -177,9 +259,11 @@ async def _read_body(receive: Receive) -> bytes:
 
 
 def _meta(scope: Scope) -> Meta:
-    meta = Meta(arrival=time.monotonic())
+    meta = Meta(arrival=time.monotonic(), media_ok=False)
     for name, value in scope["headers"]:
-        if name == b"x-request-id":
+        if name == b"content-type":
+            meta.media_ok = value.lower().split(b";", 1)[0] == b"application/json"
+        elif name == b"x-request-id":
             meta.request_id = value.decode("latin-1")
         elif name == b"x-sim-hold-ms":
             with contextlib.suppress(ValueError):

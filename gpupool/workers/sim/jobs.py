@@ -116,7 +116,7 @@ class JobBuilder:
     def _job(
         self, prefix: str, prompt: str, pieces: list[str], outputs: list[Output], meta: Meta
     ) -> Job:
-        base = meta.request_id or secrets.token_hex(16)
+        base = meta.request_id or secrets.token_hex(8)  # vLLM: 16 hex digits
         planned = sum(len(o.pieces) for o in outputs)
         adm = Admission(base, pieces, planned, meta.hold_s, meta.arrival)
         job = Job(prefix + base, int(time.time()), self.names[0], prompt, len(pieces), outputs, adm)

@@ -36,7 +36,8 @@ def chat_running_usage(prompt: int, completion: int, reasoning: int | None) -> d
     """A chat chunk's continuous usage: vLLM sets ``completion_tokens_details`` explicitly, so
     it is there even when null (no reasoning parser)."""
     out = usage(prompt, completion)
-    out["completion_tokens_details"] = None if reasoning is None else {"reasoning_tokens": reasoning}
+    details = None if reasoning is None else {"reasoning_tokens": reasoning}
+    out["completion_tokens_details"] = details
     return out
 
 

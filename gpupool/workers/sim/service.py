@@ -149,7 +149,7 @@ class SimService:
         cfg = self.config
         cards = [
             render.model_card(
-                name, cfg.root, cfg.max_model_len, now, "modelperm-" + secrets.token_hex(16)
+                name, cfg.root, cfg.max_model_len, now, "modelperm-" + secrets.token_hex(8)
             )
             for name in cfg.served_names
         ]

@@ -112,6 +112,7 @@ class WorkerRun:
         self.proc: WorkerProcess | None = None
         self.url: str | None = None
         self._task: asyncio.Task[None] | None = None
+        self._launched_once = False
 
     # -- control, used by the Supervisor ---------------------------------------------------------
 
@@ -156,6 +157,18 @@ class WorkerRun:
 
     # -- the task --------------------------------------------------------------------------------
 
+    async def _wait_for_dependencies(self) -> None:
+        """``start_after``: wait until those workers are ready (or have failed, then go on)."""
+        deps = self.launch.start_after
+        registry = self.seams.registry
+        settled = (WorkerState.ready, WorkerState.failed, WorkerState.stopped)
+        while True:
+            waiting = [d for d in deps if (w := registry.get(d)) and w.state not in settled]
+            if not waiting:
+                return
+            self.worker.last_error = f"waiting for {', '.join(waiting)} to be ready first"
+            await asyncio.sleep(0.5)
+
     async def _run(self, resume: bool) -> None:
         try:
             while True:
@@ -174,6 +187,9 @@ class WorkerRun:
         """Launch, wait for readiness, warm up, then watch. Returns only on failure."""
         self.worker.url = None
         self.transition(WorkerState.starting)
+        if not self._launched_once:
+            await self._wait_for_dependencies()
+        self._launched_once = True
         try:
             proc = await self._launch()
         except OSError as e:

@@ -1,0 +1,126 @@
+"""The targets: the upstream reached directly, gpupool, and the peers, each started on CPU1.
+
+Every gateway runs one process (one worker) on one core, with its access log off, in front of
+the same upstream. Peers live in their own virtual environments under ``bench/.venvs/``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from importlib import metadata
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from rig import GATEWAY_CPU, PY, ROOT, Proc, ensure_venv, free_port, pip_version
+
+MODELS = ("fast", "paced", "idle")
+PEERS = ("vllm-router", "sglang-router", "litellm")
+ALL = ("direct", "gpupool", "gpupool-redis", *PEERS)
+
+
+@dataclass
+class Target:
+    name: str
+    port: int
+    version: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+    proc: Proc | None = None  # None: the upstream itself (direct)
+    ready_path: str = "/health"
+    note: str = ""
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def start(self) -> None:
+        if self.proc is not None:
+            self.proc.start()
+
+    def wait(self, timeout: float) -> None:
+        if self.proc is not None:
+            url = f"http://127.0.0.1:{self.port}{self.ready_path}"
+            self.proc.wait_http(url, timeout, self.headers)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
+
+
+def _gpupool(name: str, upstream: int, tmp: Path, redis_url: str | None) -> Target:
+    port = free_port()
+    queue: dict[str, object] = {"backend": "memory", "max_queued": 100_000}
+    if redis_url:
+        queue = {**queue, "backend": "redis", "redis_url": redis_url, "redis_prefix": "bench"}
+    cfg = {
+        "server": {"host": "127.0.0.1", "port": port, "access_log": False,
+                   "state_dir": str(tmp / f"{name}-state")},  # fmt: skip
+        "models": [{"name": m} for m in MODELS],
+        "workers": [{"name": f"up-{m}", "model": m, "url": f"http://127.0.0.1:{upstream}",
+                     "max_inflight": 100_000} for m in MODELS],  # fmt: skip
+        "queue": queue,
+    }
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    argv = [str(PY), "-m", "gpupool", "serve", "--config", str(path)]
+    proc = Proc(name, argv, GATEWAY_CPU, tmp / f"{name}.log")
+    queue_note = "Redis queue backend" if redis_url else "memory queue backend"
+    return Target(name, port, metadata.version("gpupool"), proc=proc, ready_path="/ready",
+                  note=f"1 process, uvloop + httptools, {queue_note}")  # fmt: skip
+
+
+def _rust_router(name: str, upstream: int, tmp: Path, logs: Path) -> Target:
+    exe = ensure_venv(name, name, name, logs / f"install-{name}.log")
+    port = free_port()
+    argv = [str(exe)] + (["launch"] if name == "sglang-router" else [])
+    argv += ["--host", "127.0.0.1", "--port", str(port),
+             "--worker-urls", f"http://127.0.0.1:{upstream}", "--policy", "round_robin",
+             "--prometheus-port", str(free_port()),
+             "--log-level", "warn" if name == "sglang-router" else "warning"]  # fmt: skip
+    proc = Proc(name, argv, GATEWAY_CPU, tmp / f"{name}.log")
+    return Target(name, port, pip_version(exe, name), proc=proc,
+                  note="Rust; round_robin; 1 core (its runtime sees one CPU)")  # fmt: skip
+
+
+def _litellm(upstream: int, tmp: Path, logs: Path) -> Target:
+    exe = ensure_venv("litellm", "litellm[proxy]", "litellm", logs / "install-litellm.log")
+    port = free_port()
+    key = "sk-bench-" + secrets.token_hex(8)
+    cfg = {
+        "model_list": [
+            {"model_name": m, "litellm_params": {"model": f"openai/{m}", "api_key": "none",
+                                                 "api_base": f"http://127.0.0.1:{upstream}/v1"}}
+            for m in MODELS
+        ],  # fmt: skip
+        "general_settings": {"master_key": key},
+        "litellm_settings": {"telemetry": False},
+    }
+    path = tmp / "litellm.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    argv = [str(exe), "--config", str(path), "--host", "127.0.0.1", "--port", str(port),
+            "--num_workers", "1"]  # fmt: skip
+    env = {"LITELLM_MASTER_KEY": key, "LITELLM_LOG": "ERROR", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    proc = Proc("litellm", argv, GATEWAY_CPU, tmp / "litellm.log", env=env, cwd=tmp)
+    return Target("litellm", port, pip_version(exe, "litellm"), {"authorization": f"Bearer {key}"},
+                  proc, "/health/liveliness", "Python; 1 uvicorn worker; master key; no database")  # fmt: skip
+
+
+def build(
+    names: list[str], upstream: int, tmp: Path, logs: Path, redis_url: str | None
+) -> list[Target]:
+    out: list[Target] = []
+    for name in names:
+        if name == "direct":
+            out.append(Target("direct", upstream, note="the upstream itself: the physical limit"))
+        elif name == "gpupool":
+            out.append(_gpupool(name, upstream, tmp, None))
+        elif name == "gpupool-redis":
+            out.append(_gpupool(name, upstream, tmp, redis_url))
+        elif name in ("vllm-router", "sglang-router"):
+            out.append(_rust_router(name, upstream, tmp, logs))
+        elif name == "litellm":
+            out.append(_litellm(upstream, tmp, logs))
+        else:
+            raise SystemExit(f"unknown target {name!r} (known: {', '.join(ALL)})")
+    return out
+
