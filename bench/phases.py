@@ -168,12 +168,14 @@ def _step_summary(step: loadgen.Step, meter: dict[str, float], bounds: Sequence[
     p99 = pct(step.latencies, 99) * 1e3
     achieved = step.ok / step.seconds if step.seconds else 0.0
     clean = step.errors == 0 and step.ok >= 0.99 * step.sent
+    rig_cpu = meter.get("client_cpu", 0.0) + meter.get("upstream_cpu", 0.0)
     return {
         "rate": step.rate, "sent": step.sent, "ok": step.ok, "errors": step.errors,
         "achieved_rps": round(achieved, 1), "p50_ms": pct(step.latencies, 50) * 1e3,
         "p99_ms": p99, "lag_p99_ms": pct(step.lags, 99) * 1e3,
         "pass": {str(b): bool(clean and p99 < b) for b in bounds},
         **{k: round(v, 3) for k, v in meter.items()},
+        "cpu0_foreign": round(max(0.0, meter["cpu0_busy"] - rig_cpu), 3),
         "cpu1_foreign": round(max(0.0, meter["cpu1_busy"] - meter.get("gateway_cpu", 0.0)), 3),
     }  # fmt: skip
 

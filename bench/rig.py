@@ -147,10 +147,10 @@ def rss_bytes(pid: int, skip: tuple[str, ...] = ("taskset",)) -> int:
     return total
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process tree (living processes only)."""
+def cpu_seconds(pid: int, whole_tree: bool = True) -> float:
+    """User + system CPU time of a process tree (living processes only), or of one process."""
     total = 0
-    for p in tree(pid):
+    for p in tree(pid) if whole_tree else [pid]:
         with contextlib.suppress(OSError, ValueError, IndexError):
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
             total += int(fields[11]) + int(fields[12])
@@ -172,11 +172,15 @@ def cpu_times() -> dict[int, tuple[float, float]]:
 class CpuMeter:
     """Busy fraction of each CPU, and CPU seconds of chosen process trees, over a window."""
 
-    def __init__(self, pids: dict[str, int]) -> None:
-        self.pids = pids
+    def __init__(self, pids: dict[str, int], alone: frozenset[str] = frozenset({"client"})) -> None:
+        """``alone``: names whose own process is counted without its children."""
+        self.pids, self.alone = pids, alone
         self.t0 = time.monotonic()
         self.c0 = cpu_times()
-        self.p0 = {k: cpu_seconds(p) for k, p in pids.items()}
+        self.p0 = {k: self._cpu(k) for k in pids}
+
+    def _cpu(self, name: str) -> float:
+        return cpu_seconds(self.pids[name], whole_tree=name not in self.alone)
 
     def read(self) -> dict[str, float]:
         c1 = cpu_times()
@@ -185,8 +189,8 @@ class CpuMeter:
             b0, t0 = self.c0.get(cpu, (0.0, 0.0))
             out[f"cpu{cpu}_busy"] = (busy - b0) / max(1.0, total - t0)
         wall = max(1e-6, time.monotonic() - self.t0)
-        for k, p in self.pids.items():
-            out[f"{k}_cpu"] = (cpu_seconds(p) - self.p0[k]) / wall  # cores used
+        for k in self.pids:
+            out[f"{k}_cpu"] = (self._cpu(k) - self.p0[k]) / wall  # cores used
         return out
 
 

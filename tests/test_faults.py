@@ -121,7 +121,7 @@ def test_worker_killed_mid_stream(tmp_path: Path) -> None:
     gw = gateway(cfg, tmp_path)
     with running(victim, other), running(gw, ready_path="/ready"):
 
-        async def scenario() -> tuple[list[Outcome], list[str], float]:
+        async def scenario() -> tuple[list[Outcome], list[str], float, float]:
             async with async_client(8) as c:
                 tasks = [
                     asyncio.create_task(
@@ -137,11 +137,11 @@ def test_worker_killed_mid_stream(tmp_path: Path) -> None:
                 ids = executed(victim)
                 victim.kill()
                 t_kill = time.monotonic()
-                return await asyncio.gather(*tasks), ids, t_kill
+                await asyncio.to_thread(wait_state, gw, "victim", "failed")
+                out_s = _since(t_kill)
+                return await asyncio.gather(*tasks), ids, t_kill, out_s
 
-        outcomes, victim_ids, t_kill = asyncio.run(scenario())
-        wait_state(gw, "victim", "failed")
-        out_s = _since(t_kill)
+        outcomes, victim_ids, t_kill, out_s = asyncio.run(scenario())
         recovery = settled([gw], [other])
         fresh = fresh_request(gw, stream=True)
         by_worker = {w: labels(o for o in outcomes if o.worker == w) for w in ("victim", "other")}
@@ -354,7 +354,7 @@ def test_redis_killed_and_restarted_under_load(tmp_path: Path) -> None:
     with running(redis, ready_path=""), running(w), running(gw, ready_path="/ready"):
         try:
 
-            async def scenario() -> tuple[list[Outcome], dict[str, float]]:
+            async def scenario() -> tuple[list[Outcome], dict[str, float], tuple[float, float]]:
                 stop = asyncio.Event()
                 load = asyncio.create_task(_load_until(gw.url, stop, 6, "r"))
                 await asyncio.sleep(1.5)
@@ -369,17 +369,21 @@ def test_redis_killed_and_restarted_under_load(tmp_path: Path) -> None:
                 up_s = _since(t_restart)
                 await asyncio.sleep(1.5)
                 stop.set()
-                return await load, {"noticed_down_s": down_s, "back_on_redis_s": up_s}
+                times = {"noticed_down_s": down_s, "back_on_redis_s": up_s}
+                return await load, times, (t_kill, t_restart)
 
-            outcomes, times = asyncio.run(scenario())
+            outcomes, times, (t_kill, t_restart) = asyncio.run(scenario())
+            in_outage = [o for o in outcomes if t_kill < o.ended < t_restart]
             recovery = settled([gw], [w])
             fresh = fresh_request(gw)
             ids, peak = executed(w), sim_stats(w)["peak_running"]
             report("Redis killed and restarted (on_redis_down: local)", clients=labels(outcomes),
+                   served_while_redis_down=labels(in_outage),
                    slowest_s=round(max(o.elapsed_s for o in outcomes), 2), peak_running=peak,
                    duplicates=len(duplicates(ids)), settle_s=round(recovery, 2),
                    fresh=fresh.label, **times)  # fmt: skip
             _assert_nothing_lost(outcomes, {"200"})
+            assert len(in_outage) > 20  # the local fallback served while Redis was gone
             assert peak <= 2
             assert not duplicates(ids) and len(ids) == len(outcomes) + 1  # + the fresh one
             assert fresh.label == "200" and _redis_up(gw)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from gpupool.gateway.services import Services
 
 Call = Callable[[], Awaitable[Reply]]
+log = logging.getLogger("gpupool.requests")
 
 
 def _header_number(request: Request, name: str) -> float | None:
@@ -90,8 +92,10 @@ async def _limited(svc: Services, request: Request, ctx: Context, call: Call) ->
 def _generate(path: str, chat: bool) -> Endpoint:
     async def handler(request: Request) -> ASGIApp:
         svc = services(request)
-        req = parse_generate(await body(request), chat=chat,
-                             max_depth=svc.cfg.server.max_json_depth)  # fmt: skip
+        raw = await body(request)
+        if svc.cfg.server.log_prompts:
+            log.info("%s body: %s", path, raw[:8192].decode("utf-8", "replace"))
+        req = parse_generate(raw, chat=chat, max_depth=svc.cfg.server.max_json_depth)  # fmt: skip
         _check_model_allowed(_principal(request), svc, req.model)
         ctx = context(request, req)
         reply = await _limited(svc, request, ctx, lambda: svc.proxy.generate(path, req, ctx))

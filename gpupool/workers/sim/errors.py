@@ -22,6 +22,7 @@ import orjson
 
 ENGINE_DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 UNSUPPORTED_MEDIA = "Unsupported Media Type: Only 'application/json' is allowed"
+BODY_UNREADABLE = "There was an error parsing the body"  # FastAPI's, for bytes that are not text
 _MAX_REPORTED = 10
 _MAX_INPUT_CHARS = 200
 _MAX_ERROR_CHARS = 1000

@@ -7,12 +7,13 @@ validator that raises :class:`BadRequest` escapes pydantic, as vLLM's ``VLLMVali
 
 from __future__ import annotations
 
+import json
 from typing import Any, TypeVar
 
 import orjson
 from pydantic import BaseModel, ValidationError, model_validator
 
-from gpupool.workers.sim.errors import BadRequest, InvalidBody
+from gpupool.workers.sim.errors import BODY_UNREADABLE, BadRequest, InvalidBody
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -108,6 +109,21 @@ class DetokenizeRequest(BaseModel):
     tokens: list[int]
 
 
+def _loads(body: bytes) -> Any:
+    """orjson, and when it fails Python's ``json`` (what Starlette uses): vLLM reports that
+    parser's position and wording, and accepts what it accepts (``NaN``, for one)."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise InvalidBody.json_invalid(exc.pos, exc.msg) from None
+    except (UnicodeDecodeError, RecursionError):
+        raise InvalidBody(BODY_UNREADABLE) from None
+
+
 def parse_body(body: bytes, schema: type[T], media_ok: bool = True) -> T:
     """JSON bytes to a validated model, or :class:`InvalidBody`. ``media_ok`` is False when the
     request's content type is not ``application/json``: vLLM then refuses any body."""
@@ -115,10 +131,7 @@ def parse_body(body: bytes, schema: type[T], media_ok: bool = True) -> T:
         raise InvalidBody.unsupported_media()
     if not body:
         raise InvalidBody.missing_body()
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidBody.json_invalid(exc.pos, exc.msg) from None
+    data = _loads(body)
     try:
         return schema.model_validate(data)
     except ValidationError as exc:
