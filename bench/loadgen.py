@@ -15,6 +15,7 @@ Every loop is bounded in count and time.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from typing import cast
 import httptools
 
 now = time.perf_counter
+STAMP = re.compile(rb"@(\d{10}\.\d{6})")  # bench/upstream.py's send time in paced chunks
 
 
 def request_bytes(
@@ -39,6 +41,7 @@ class Answer:
     sent: float
     done: float
     events: list[float] = field(default_factory=list)  # arrival time of each SSE event
+    transit: list[float] = field(default_factory=list)  # arrival - the upstream's send stamp
     body: bytes = b""
 
     @property
@@ -105,6 +108,8 @@ class Conn(asyncio.Protocol):
         n = (self.tail + body).count(b"\n\n")
         if n:
             a.events.extend([t] * n)
+            if b"@" in body:
+                a.transit += [t - float(m) for m in STAMP.findall(body)]
             if self.first is not None and not self.first.done():
                 self.first.set_result(True)
         self.tail = body[-1:]
@@ -312,7 +317,9 @@ class IdleStreams:
 
     @property
     def alive(self) -> int:
-        return sum(1 for c in self.conns if not c.closed)
+        """Streams still open that have received at least their first event."""
+        return sum(1 for c in self.conns if not c.closed and c.first is not None and
+                   c.first.done() and c.first.result())  # fmt: skip
 
     async def open(self, n: int, deadline_s: float, parallel: int = 200) -> int:
         """Open ``n`` more streams; returns how many got their first event in time."""

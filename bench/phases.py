@@ -91,10 +91,15 @@ async def latency(targets: list[Target], plan: Plan) -> dict[str, Any]:
 
 
 async def streaming(targets: list[Target], plan: Plan) -> dict[str, Any]:
-    """Paced 64-chunk streams (one chunk every 20 ms upstream), several at a time."""
+    """Paced 64-chunk streams (one chunk every 20 ms upstream), several at a time.
+
+    Gaps are between consecutive events as the client saw them (the upstream's timer jitter is
+    in them); delays are each chunk's arrival minus the moment the upstream sent it.
+    """
     ttft: dict[str, list[float]] = {t.name: [] for t in targets}
     gaps: dict[str, list[float]] = {t.name: [] for t in targets}
     errors = {t.name: 0 for t in targets}
+    transit: dict[str, list[float]] = {t.name: [] for t in targets}
     events: dict[str, list[int]] = {t.name: [] for t in targets}
     bodies: dict[str, set[bytes]] = {t.name: set() for t in targets}
     stagger = 0.020 / plan.stream_concurrency
@@ -109,8 +114,9 @@ async def streaming(targets: list[Target], plan: Plan) -> dict[str, Any]:
                     continue
                 ttft[t.name].append(a.events[0] - a.sent)
                 gaps[t.name] += [b - x for x, b in zip(a.events, a.events[1:], strict=False)]
+                transit[t.name] += a.transit
                 events[t.name].append(len(a.events))
-                bodies[t.name].add(a.body)
+                bodies[t.name].add(loadgen.STAMP.sub(b"@", a.body))
     ref = bodies.get("direct", set())
     return {
         t.name: {
@@ -119,6 +125,8 @@ async def streaming(targets: list[Target], plan: Plan) -> dict[str, Any]:
             "gap_p50_ms": pct(gaps[t.name], 50) * 1e3,
             "gap_p99_ms": pct(gaps[t.name], 99) * 1e3,
             "gap_max_ms": max(gaps[t.name], default=math.nan) * 1e3,
+            "delay_p50_ms": pct(transit[t.name], 50) * 1e3,
+            "delay_p99_ms": pct(transit[t.name], 99) * 1e3,
             "streams": len(ttft[t.name]),
             "errors": errors[t.name],
             "events_min": min(events[t.name], default=0),

@@ -37,7 +37,8 @@ def print_latency(lat: dict[str, Any]) -> None:
 def print_stream(st: dict[str, Any]) -> None:
     for name, r in st.items():
         print(f"  {name:>14}: TTFT p50 {r['ttft_p50_ms']:.2f} ms, gap p50/p99 "
-              f"{r['gap_p50_ms']:.2f}/{r['gap_p99_ms']:.2f} ms, errors {r['errors']}, "
+              f"{r['gap_p50_ms']:.2f}/{r['gap_p99_ms']:.2f} ms, chunk delay p50/p99 "
+              f"{r['delay_p50_ms']:.2f}/{r['delay_p99_ms']:.2f} ms, errors {r['errors']}, "
               f"identical bytes {r['bytes_identical_to_direct']}", flush=True)  # fmt: skip
 
 
@@ -67,6 +68,7 @@ def analyse(res: dict[str, Any]) -> dict[str, Any]:
             r = st[name]
             a["added_ttft_ms"] = r["ttft_p50_ms"] - d_st["ttft_p50_ms"]
             a["added_gap_p99_ms"] = r["gap_p99_ms"] - d_st["gap_p99_ms"]
+            a["added_delay_p99_ms"] = r["delay_p99_ms"] - d_st["delay_p99_ms"]
             jitter = d_st["gap_p99_ms"] - PACE_MS  # what the rig itself adds to a 20 ms gap
             a["rig_gap_jitter_ms"] = jitter
             if name != "direct" and d_st["ttft_p50_ms"] >= 0.9 * r["ttft_p50_ms"]:
@@ -82,16 +84,28 @@ def analyse(res: dict[str, Any]) -> dict[str, Any]:
 
 
 def _rate_marks(name: str, r: dict[str, Any], direct: dict[str, Any] | None) -> dict[str, Any]:
+    """Why the rate stopped where it did, and whether that says more about the rig."""
     a: dict[str, Any] = {"rig_rate": False, "rate_why": ""}
     fail = r.get("fail_10ms") or {}
-    if fail.get("cpu0_busy", 0) >= 0.9:
-        a["rig_rate"], a["rate_why"] = True, f"CPU0 {fail['cpu0_busy']:.0%} busy at the failing step"
-    elif direct and name != "direct" and r["max_rps_10ms"] >= 0.9 * direct["max_rps_10ms"] > 0:
-        a["rig_rate"], a["rate_why"] = True, "within 10 % of the upstream reached directly"
-    elif name != "direct" and fail and fail.get("gateway_cpu", 1.0) < 0.8:
-        a["rate_why"] = f"gateway used only {fail['gateway_cpu']:.2f} core at the failing step"
+    rig_cpu = fail.get("client_cpu", 0.0) + fail.get("upstream_cpu", 0.0)
     if name == "direct":
         a["rig_rate"], a["rate_why"] = True, "the rig's own limit (upstream + client on CPU0)"
+        if not fail:
+            a["rate_why"] += "; never failed up to the last step"
+    elif fail and rig_cpu >= 0.85:
+        a["rig_rate"], a["rate_why"] = True, f"the rig used {rig_cpu:.2f} of CPU0 at the failing step"
+    elif fail and fail.get("cpu0_busy", 0) >= 0.95:
+        a["rig_rate"] = True
+        a["rate_why"] = (f"CPU0 was saturated at the failing step ({rig_cpu:.2f} core rig, "
+                         f"{fail.get('cpu0_foreign', 0):.2f} core other processes)")  # fmt: skip
+    elif fail and fail.get("gateway_cpu", 1.0) < 0.8 and fail.get("cpu1_foreign", 0) > 0.2:
+        a["rig_rate"] = True
+        a["rate_why"] = (f"other processes took {fail['cpu1_foreign']:.2f} core of CPU1 at the "
+                         f"failing step (gateway got {fail['gateway_cpu']:.2f})")  # fmt: skip
+    elif direct and r["max_rps_10ms"] >= 0.9 * direct["max_rps_10ms"] > 0:
+        a["rig_rate"], a["rate_why"] = True, "within 10 % of the upstream reached directly"
+    elif fail and fail.get("gateway_cpu", 1.0) < 0.8:
+        a["rate_why"] = f"gateway used only {fail['gateway_cpu']:.2f} core at the failing step"
     return a
 
 
@@ -135,8 +149,9 @@ def targets_met(res: dict[str, Any], an: dict[str, Any]) -> list[dict[str, Any]]
         add("sustained rate ≥ 10× LiteLLM's", f"{g} vs {lt} rps", r,
             None if r is None else r >= 10, note)  # fmt: skip
     if "added_gap_p99_ms" in gp:
-        v = gp["added_gap_p99_ms"]
-        note = "within the rig's own jitter" if "gap" in gp["rig"] else ""
+        v, dly = gp["added_gap_p99_ms"], gp["added_delay_p99_ms"]
+        note = (f"per-chunk delay p99 added: {dly:.3f} ms; the rig's own gap jitter (direct p99 "
+                f"− 20 ms) is {gp['rig_gap_jitter_ms']:.2f} ms")  # fmt: skip
         add("streaming added inter-chunk p99 < 1 ms", f"{v:.3f} ms", None, v < 1.0, note)
     level = gp.get("memory", {}).get("levels", {}).get("5000")
     if level:
@@ -168,8 +183,8 @@ def _main_table(res: dict[str, Any], an: dict[str, Any]) -> list[str]:
     lat, st, rate = res.get("latency", {}), res.get("stream", {}), res.get("rate", {})
     head = ("| target | c=1 p50 / p99 ms | added p50 / p99 ms | max rps, p99 < 10 ms | "
             "rps, p99 < 50 ms | CPU µs/req | stream TTFT added ms | inter-chunk p99 added ms | "
-            "RSS idle / 1k / 5k streams MB |")  # fmt: skip
-    lines = [head, "|" + "---|" * 9]
+            "chunk delay p99 added ms | RSS idle / 1k / 5k streams MB |")  # fmt: skip
+    lines = [head, "|" + "---|" * 10]
     for name in res.get("targets", {}):
         a = an.get(name, {})
         c1 = f"{_f(lat[name]['p50_ms'], 3)} / {_f(lat[name]['p99_ms'], 3)}" if name in lat else "–"
@@ -181,15 +196,18 @@ def _main_table(res: dict[str, Any], an: dict[str, Any]) -> list[str]:
         rps = _dag(str(r["max_rps_10ms"]), a.get("rig_rate", False)) if r else "–"
         rps50 = str(r["max_rps_50ms"]) if r else "–"
         cpu = _f(r.get("cpu_us_per_request"), 0) if r and name != "direct" else "–"
-        ttft = gap = "–"
+        ttft = gap = delay = "–"
         if name in st and name != "direct":
             ttft = _dag(_f(a["added_ttft_ms"]), "ttft" in a["rig"])
             gap = _dag(_f(a["added_gap_p99_ms"]), "gap" in a["rig"])
+            delay = _f(a["added_delay_p99_ms"])
         elif name in st:
             ttft = f"({_f(st[name]['ttft_p50_ms'])} abs.)"
             gap = f"({_f(st[name]['gap_p99_ms'])} abs.)"
+            delay = f"({_f(st[name]['delay_p99_ms'])} abs.)"
         mem = _mem_cell(a.get("memory"))
-        lines.append(f"| {name} | {c1} | {added} | {rps} | {rps50} | {cpu} | {ttft} | {gap} | {mem} |")
+        lines.append(f"| {name} | {c1} | {added} | {rps} | {rps50} | {cpu} | {ttft} | {gap} | "
+                     f"{delay} | {mem} |")  # fmt: skip
     return lines
 
 
@@ -219,12 +237,15 @@ def _targets_table(rows: list[dict[str, Any]]) -> list[str]:
 
 def _stream_table(st: dict[str, Any]) -> list[str]:
     lines = ["| target | streams | errors | TTFT p50 / p99 ms | gap p50 / p99 / max ms | "
-             "events ≥ | bytes identical to direct |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+             "chunk delay p50 / p99 ms | events ≥ | bytes identical to direct |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for name, r in st.items():
+        same = "yes" if r["bytes_identical_to_direct"] else "no"
         lines.append(
             f"| {name} | {r['streams']} | {r['errors']} | {_f(r['ttft_p50_ms'])} / "
             f"{_f(r['ttft_p99_ms'])} | {_f(r['gap_p50_ms'])} / {_f(r['gap_p99_ms'])} / "
-            f"{_f(r['gap_max_ms'])} | {r['events_min']} | {'yes' if r['bytes_identical_to_direct'] else 'no'} |"
+            f"{_f(r['gap_max_ms'])} | {_f(r['delay_p50_ms'])} / {_f(r['delay_p99_ms'])} | "
+            f"{r['events_min']} | {same} |"
         )
     return lines
 
@@ -237,8 +258,10 @@ def _rate_notes(rate: dict[str, Any], an: dict[str, Any]) -> list[str]:
         if fail:
             lines.append(f"- **{name}**: first failing step {fail['rate']:g} rps: p99 "
                          f"{fail['p99_ms']:.1f} ms, {fail['errors']} errors, gateway "
-                         f"{fail.get('gateway_cpu', 0):.2f} core, CPU0 {fail['cpu0_busy']:.0%}, "
-                         f"other load on CPU1 {fail.get('cpu1_foreign', 0):.2f} core"
+                         f"{fail.get('gateway_cpu', 0):.2f} core, rig "
+                         f"{fail.get('client_cpu', 0) + fail.get('upstream_cpu', 0):.2f} core; "
+                         f"other processes {fail.get('cpu0_foreign', 0):.2f} core on CPU0, "
+                         f"{fail.get('cpu1_foreign', 0):.2f} on CPU1"
                          + (f"; {why}" if why else "") + ".")  # fmt: skip
         elif why:
             lines.append(f"- **{name}**: {why}.")

@@ -172,7 +172,7 @@ def _run_targets(args: argparse.Namespace, plan: phases.Plan, tmp: Path, res: di
             if gp is not None:
                 print("\n== profile (py-spy)", flush=True)
                 best = res.get("rate", {}).get("gpupool", {}).get("max_rps_10ms") or 500
-                res["profile"] = profile_gateway.run(gp, args.out, tmp, best, args.quick)
+                res["profile"] = profile_gateway.run(gp.pid or 0, gp.port, args.out, best, args.quick)
     finally:
         for t in targets:
             t.stop()

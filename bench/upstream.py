@@ -9,7 +9,9 @@ at start-up, so the rig's own cost per request is a few microseconds.
 The request's ``model`` picks the behaviour (every gateway under test forwards it):
 
 * ``fast``   JSON, or SSE with 64 chunks written at once (zero delay: overhead measurements);
-* ``paced``  SSE, 64 chunks one every ``--pace-ms`` (streaming TTFT and inter-chunk gaps);
+* ``paced``  SSE, 64 chunks one every ``--pace-ms`` (streaming TTFT and inter-chunk gaps), each
+  stamped with the moment it left (``@<perf_counter>`` in its content) so that the client can
+  tell the delivery delay of every chunk from the upstream's own timer jitter;
 * ``idle``   SSE, first chunk at once, then one every ``--idle-s`` (idle-stream memory).
 
 Also ``GET /health``, ``/v1/models`` (all three, ``max_model_len`` 32768), ``/metrics`` (vLLM's
@@ -22,6 +24,7 @@ import argparse
 import asyncio
 import signal
 import socket
+import time
 from typing import cast
 
 import httptools
@@ -48,10 +51,14 @@ def _chunk(data: bytes) -> bytes:
     return f"{len(data):x}\r\n".encode() + data + b"\r\n"
 
 
+STAMP = b"@0000000000.000000"  # paced chunks carry their send time (CLOCK_MONOTONIC) here
+
+
 def _event(model: str, i: int) -> bytes:
-    delta: dict[str, str] = {"content": f" tok{i}"}
+    stamp = STAMP.decode() if model != "fast" else ""
+    delta: dict[str, str] = {"content": f" tok{i}{stamp}"}
     if i == 0:
-        delta = {"role": "assistant", "content": ""}
+        delta = {"role": "assistant", "content": stamp}
     choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
     if i == CHUNKS - 1:
         choice = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length"}
@@ -80,6 +87,11 @@ def _completion(model: str) -> bytes:
             "usage": {"prompt_tokens": 12, "total_tokens": 12 + CHUNKS, "completion_tokens": CHUNKS},
         }
     )
+
+
+def _stamped(event: bytes) -> bytes:
+    """The event with the moment it leaves (fixed width, so the chunk length is unchanged)."""
+    return event.replace(STAMP, b"@%017.6f" % time.perf_counter(), 1)
 
 
 SSE_HEAD = (
@@ -171,7 +183,7 @@ class Upstream(asyncio.Protocol):
         elif model == "fast":
             transport.write(self.canned.stream[model])
         else:
-            transport.write(SSE_HEAD + self.canned.events[model][0])
+            transport.write(SSE_HEAD + _stamped(self.canned.events[model][0]))
             gap = self.pace_s if model == "paced" else self.idle_s
             self._next(model, 1, gap)
 
@@ -183,7 +195,7 @@ class Upstream(asyncio.Protocol):
         self.timer = None
         if self.transport is None:
             return
-        self.transport.write(self.canned.events[model][i])
+        self.transport.write(_stamped(self.canned.events[model][i]))
         if i + 1 < CHUNKS:
             self._next(model, i + 1, gap)
         else:

@@ -137,8 +137,7 @@ async def call(
         async with client.stream("POST", url + path, json=payload, headers=h) as r:
             out.status, out.worker = r.status_code, r.headers.get("x-gpupool-worker")
             raw = b"".join([chunk async for chunk in r.aiter_raw()])
-        if out.label == "LOST:unknown":
-            out.label = _classify(r, raw)
+        out.label = _classify(r, raw)
     except httpx.TimeoutException:
         out.label = "timeout"
     except httpx.TransportError as e:

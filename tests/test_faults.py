@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -30,7 +31,6 @@ from tests.fault_tools import (
     executed,
     fresh_request,
     gateway_config,
-    held_slots,
     labels,
     queue_depth,
     raise_fd_limit,
@@ -53,12 +53,14 @@ def _since(t0: float) -> float:
     return round(time.monotonic() - t0, 2)
 
 
-async def _concurrent(url: str, n: int, prefix: str, **kw: Any) -> list[Outcome]:
+async def _concurrent(
+    url: str, n: int, prefix: str, headers: dict[str, str] | None = None
+) -> list[Outcome]:
     """``n`` requests at once, every other one streaming."""
-    async with async_client(n, kw.pop("timeout", 30.0)) as c:
+    async with async_client(n) as c:
         return await asyncio.gather(
             *(
-                call(c, url, body(f"{prefix} {i}", stream=i % 2 == 1, **kw), rid(prefix))
+                call(c, url, body(f"{prefix} {i}", stream=i % 2 == 1), rid(prefix), headers)
                 for i in range(n)
             )
         )
@@ -97,21 +99,21 @@ def test_worker_killed_while_idle(tmp_path: Path) -> None:
         recovery = settled([gw], [b])
         fresh = fresh_request(gw)
         ids = before + executed(b)
-        report("worker kill -9, idle", clients=labels(after), workers_after=_workers_seen(after),
-               duplicates=len(duplicates(ids)), first_request_s=round(after[0].elapsed_s, 3),
-               marked_out_s=out_s, settle_s=round(recovery, 2), fresh=fresh.label)  # fmt: skip
+        report(
+            "worker kill -9, idle",
+            clients=labels(after),
+            workers_after=Counter(o.worker for o in after),
+            duplicates=len(duplicates(ids)),
+            first_request_s=round(after[0].elapsed_s, 3),
+            marked_out_s=out_s,
+            settle_s=round(recovery, 2),
+            fresh=fresh.label,
+        )
         _assert_nothing_lost(after, {"200"})
         assert {o.worker for o in after} == {"b"}
         assert workers(gw)["a"]["state"] == "failed" and workers(gw)["a"]["last_error"]
         assert not duplicates(ids)
         assert fresh.label == "200"
-
-
-def _workers_seen(outcomes: list[Outcome]) -> dict[str, int]:
-    seen: dict[str, int] = {}
-    for o in outcomes:
-        seen[o.worker or "-"] = seen.get(o.worker or "-", 0) + 1
-    return seen
 
 
 def test_worker_killed_mid_stream(tmp_path: Path) -> None:
@@ -130,9 +132,11 @@ def test_worker_killed_mid_stream(tmp_path: Path) -> None:
                     for i in range(8)
                 ]
                 await asyncio.to_thread(
-                    wait_until, "both workers streaming 4",
-                    lambda: sim_stats(victim)["running"] == 4 == sim_stats(other)["running"], 15,
-                )  # fmt: skip
+                    wait_until,
+                    "both workers streaming 4",
+                    lambda: sim_stats(victim)["running"] == 4 == sim_stats(other)["running"],
+                    15,
+                )
                 await asyncio.sleep(0.3)  # some tokens went out on every stream
                 ids = executed(victim)
                 victim.kill()
@@ -147,8 +151,15 @@ def test_worker_killed_mid_stream(tmp_path: Path) -> None:
         by_worker = {w: labels(o for o in outcomes if o.worker == w) for w in ("victim", "other")}
         ids = victim_ids + executed(other)
         told_s = max(o.ended for o in outcomes if o.worker == "victim") - t_kill
-        report("worker kill -9, mid-stream", clients=by_worker, duplicates=len(duplicates(ids)),
-               error_event_after_kill_s=round(told_s, 3), marked_out_s=out_s, settle_s=round(recovery, 2), fresh=fresh.label)  # fmt: skip
+        report(
+            "worker kill -9, mid-stream",
+            clients=by_worker,
+            duplicates=len(duplicates(ids)),
+            error_event_after_kill_s=round(told_s, 3),
+            marked_out_s=out_s,
+            settle_s=round(recovery, 2),
+            fresh=fresh.label,
+        )
         _assert_nothing_lost(outcomes, {"200", "200+error-event"})
         assert by_worker == {"victim": {"200+error-event": 4}, "other": {"200": 4}}
         assert not duplicates(ids)
@@ -161,7 +172,15 @@ def test_worker_killed_mid_stream(tmp_path: Path) -> None:
 HEALTH_TIMEOUT_S = 2.0
 
 
-def _freeze(a: Proc, gw: Proc, traffic: bool) -> dict[str, Any]:
+@dataclass
+class Freeze:
+    during: list[Outcome]  # clients that arrived while the worker was frozen and still in
+    while_out: list[Outcome]  # clients that arrived once it was out
+    out_s: float  # freeze -> marked out
+    back_s: float  # SIGCONT -> ready again
+
+
+def _freeze(a: Proc, gw: Proc, traffic: bool) -> Freeze:
     """Freeze ``a``; with ``traffic``, 12 clients arrive at once. Until ``a`` is out, then thaw."""
     a.kill(signal.SIGSTOP)
     t0 = time.monotonic()
@@ -174,11 +193,20 @@ def _freeze(a: Proc, gw: Proc, traffic: bool) -> dict[str, Any]:
         a.kill(signal.SIGCONT)
     t1 = time.monotonic()
     wait_state(gw, "a", "ready", timeout=30)
-    return {"during": during, "while_out": while_out, "out_s": out_s, "back_s": _since(t1)}
+    return Freeze(during, while_out, out_s, _since(t1))
+
+
+@dataclass
+class FrozenRun:
+    quiet: Freeze  # no traffic: only the health check can notice
+    busy: Freeze  # 12 clients: their read timeouts notice first
+    fresh: Outcome
+    duplicates: dict[str, int]
+    inflight: list[int]
 
 
 @pytest.fixture(scope="module")
-def frozen(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def frozen(tmp_path_factory: pytest.TempPathFactory) -> FrozenRun:
     tmp = tmp_path_factory.mktemp("frozen")
     a, b = (sim(model=MODEL, tmp=tmp, max_num_seqs=16, ttft_ms=20) for _ in range(2))
     server = {"upstream_read_timeout_s": 2.0, "upstream_connect_timeout_s": 1.0}
@@ -186,56 +214,53 @@ def frozen(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     cfg = gateway_config([("a", a, 4), ("b", b, 4)], routing=routing, server=server)
     gw = gateway(cfg, tmp)
     with running(a, b), running(gw, ready_path="/ready"):
-        quiet = _freeze(a, gw, traffic=False)  # only the health check can notice
-        busy = _freeze(a, gw, traffic=True)  # requests time out first
+        quiet = _freeze(a, gw, traffic=False)
+        busy = _freeze(a, gw, traffic=True)
         recovery = settled([gw], [a, b])
         fresh = fresh_request(gw)
         ids = executed(a, b)
-        run = {"quiet": quiet, "busy": busy, "settle_s": round(recovery, 2), "fresh": fresh,
-               "duplicates": duplicates(ids), "inflight": [w["inflight"] for w in
-                                                            workers(gw).values()]}  # fmt: skip
-    during = busy["during"]
-    report("worker frozen (SIGSTOP), then SIGCONT", clients=labels(during),
-           slowest_s=round(max(o.elapsed_s for o in during), 2),
-           while_out=labels(quiet["while_out"] + busy["while_out"]),
-           out_by_health_check_s=quiet["out_s"], out_under_traffic_s=busy["out_s"],
-           back_after_sigcont_s=[quiet["back_s"], busy["back_s"]], settle_s=run["settle_s"],
-           duplicates=len(run["duplicates"]), fresh=fresh.label)  # fmt: skip
+        inflight = [w["inflight"] for w in workers(gw).values()]
+    run = FrozenRun(quiet, busy, fresh, duplicates(ids), inflight)
+    report(
+        "worker frozen (SIGSTOP), then SIGCONT",
+        clients=labels(busy.during),
+        slowest_s=round(max(o.elapsed_s for o in busy.during), 2),
+        while_out=labels(quiet.while_out + busy.while_out),
+        out_by_health_check_s=quiet.out_s,
+        out_under_traffic_s=busy.out_s,
+        back_after_sigcont_s=[quiet.back_s, busy.back_s],
+        settle_s=round(recovery, 2),
+        duplicates=len(run.duplicates),
+        fresh=fresh.label,
+    )
     return run
 
 
-def test_frozen_worker_requests_time_out_and_are_retried(frozen: dict[str, Any]) -> None:
-    during = frozen["busy"]["during"]
-    _assert_nothing_lost(during, {"200"})
-    assert max(o.elapsed_s for o in during) < 2.0 + 5.0  # the read timeout, a retry, slack
-    assert frozen["fresh"].label == "200" and frozen["inflight"] == [0, 0]
+def test_frozen_worker_requests_end_with_an_error_not_a_retry(frozen: FrozenRun) -> None:
+    """A request the frozen worker received may still run when it thaws: it is not retried
+    elsewhere (that could run it twice); its client gets a 502 once the read times out or the
+    worker is taken out. Requests on the healthy worker succeed."""
+    during = frozen.busy.during
+    _assert_nothing_lost(during, {"200", "502"})
+    assert "200" in labels(during)
+    assert max(o.elapsed_s for o in during) < 2.0 + 5.0  # the read timeout, slack
+    assert frozen.fresh.label == "200" and frozen.inflight == [0, 0]
 
 
-def test_frozen_worker_is_taken_out_and_comes_back(frozen: dict[str, Any]) -> None:
-    for run in (frozen["quiet"], frozen["busy"]):
-        assert {o.worker for o in run["while_out"]} == {"b"}
-        assert labels(run["while_out"]) == {"200": 6}
-        assert run["back_s"] < 5.0
+def test_frozen_worker_is_taken_out_and_comes_back(frozen: FrozenRun) -> None:
+    for run in (frozen.quiet, frozen.busy):
+        assert {o.worker for o in run.while_out} == {"b"}
+        assert labels(run.while_out) == {"200": 6}
+        assert run.back_s < 5.0
     # fail_threshold (2) probes that time out, each after a health interval, plus slack
-    assert frozen["quiet"]["out_s"] < 2 * (HEALTH_TIMEOUT_S + 0.2) + 3.0
-    assert frozen["busy"]["out_s"] < 2.0 + 3.0  # the retries' failures count too
+    assert frozen.quiet.out_s < 2 * (HEALTH_TIMEOUT_S + 0.2) + 3.0
+    assert frozen.busy.out_s < 2.0 + 3.0  # the retries' failures count too
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a request whose read timed out on a frozen worker is retried on another worker "
-    "although it was delivered (UpstreamFailure.connect is False); the thawed worker then "
-    "starts it too (proxy.dispatch retries on every UpstreamFailure)",
-)
-def test_frozen_worker_requests_are_not_executed_twice(frozen: dict[str, Any]) -> None:
-    assert not frozen["duplicates"]
+def test_frozen_worker_requests_are_not_executed_twice(frozen: FrozenRun) -> None:
+    assert not frozen.duplicates
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a request in flight on a worker that the health check takes out is left "
-    "waiting for upstream_read_timeout_s (600 s by default); it is neither retried nor failed",
-)
 def test_request_on_a_frozen_worker_ends_once_the_worker_is_out(tmp_path: Path) -> None:
     a, b = (sim(model=MODEL, tmp=tmp_path, max_num_seqs=16) for _ in range(2))
     routing = {**NO_AFFINITY, "fail_threshold": 1, "health_timeout_s": HEALTH_TIMEOUT_S}
@@ -256,8 +281,12 @@ def test_request_on_a_frozen_worker_ends_once_the_worker_is_out(tmp_path: Path) 
             out, out_s = asyncio.run(stuck())
         finally:
             a.kill(signal.SIGCONT)  # else the gateway's shutdown waits for the stuck request
-        report("request in flight on a frozen worker", client=out.label,
-               elapsed_s=round(out.elapsed_s, 2), worker_out_s=out_s)  # fmt: skip
+        report(
+            "request in flight on a frozen worker",
+            client=out.label,
+            elapsed_s=round(out.elapsed_s, 2),
+            worker_out_s=out_s,
+        )
         assert out.label in {"200", "502", "503"}, out
 
 
@@ -275,48 +304,32 @@ def test_worker_slow_to_start(tmp_path: Path) -> None:
             r = httpx.get(gw.url + "/ready", timeout=5)
             assert r.status_code == 503 and r.json()["missing_models"] == [MODEL]
 
-            async def scenario() -> tuple[list[Outcome], list[Outcome], float]:
-                async with async_client(8, 30) as c:
-                    patient = [
-                        call(
-                            c,
-                            gw.url,
-                            body(f"p{i}", stream=i % 2 == 1),
-                            rid("patient"),
-                            headers={"x-gpupool-max-wait": "20"},
-                        )
-                        for i in range(6)
-                    ]
-                    hasty = [
-                        call(
-                            c,
-                            gw.url,
-                            body("h", stream=False),
-                            rid("hasty"),
-                            headers={"x-gpupool-max-wait": "0.5"},
-                        )
-                        for i in range(2)
-                    ]
-                    ready_s = asyncio.to_thread(
-                        wait_until, "/ready 200",
-                        lambda: httpx.get(gw.url + "/ready").status_code == 200, 30,
-                    )  # fmt: skip
-                    *outs, ready = await asyncio.gather(*patient, *hasty, ready_s)
-                    return list(outs[:6]), list(outs[6:]), ready
+            async def scenario() -> tuple[list[Outcome], list[Outcome]]:
+                patient = _concurrent(gw.url, 6, "patient", {"x-gpupool-max-wait": "20"})
+                hasty = _concurrent(gw.url, 2, "hasty", {"x-gpupool-max-wait": "0.5"})
+                return await asyncio.gather(patient, hasty)
 
-            patient, hasty, _ = asyncio.run(scenario())
+            patient, hasty = asyncio.run(scenario())
+            wait_until("/ready 200", lambda: httpx.get(gw.url + "/ready").status_code == 200, 10)
             ready_s = _since(t0)
             recovery = settled([gw], [slow])
             fresh = fresh_request(gw)
             ids = executed(slow)
-            report("worker slow to start (startup_delay_s=4)", queued_clients=labels(patient),
-                   impatient_clients=labels(hasty), ready_after_start_s=ready_s,
-                   queued_waited_s=round(max(o.elapsed_s for o in patient), 2),
-                   duplicates=len(duplicates(ids)), settle_s=round(recovery, 2),
-                   fresh=fresh.label)  # fmt: skip
-            _assert_nothing_lost(patient + hasty, {"200", "429"})
+            report(
+                "worker slow to start (startup_delay_s=4)",
+                queued_clients=labels(patient),
+                impatient_clients=labels(hasty),
+                ready_after_start_s=ready_s,
+                queued_waited_s=round(max(o.elapsed_s for o in patient), 2),
+                duplicates=len(duplicates(ids)),
+                settle_s=round(recovery, 2),
+                fresh=fresh.label,
+            )
+            _assert_nothing_lost(patient + hasty, {"200", "429", "200+error-event"})
             assert labels(patient) == {"200": 6}
-            assert labels(hasty) == {"429": 2}
+            # refused after 0.5 s: a 429, or for a stream already told it is queued, the 429
+            # as an in-stream error event
+            assert labels(hasty) == {"429": 1, "200+error-event": 1}
             assert delay - 1 < ready_s < delay + 10
             assert not duplicates(ids) and len(ids) == 6 + 1  # + the fresh one
             assert fresh.label == "200"
@@ -336,8 +349,9 @@ async def _load_until(url: str, stop: asyncio.Event, loops: int, prefix: str) ->
             for i in range(300):
                 if stop.is_set():
                     break
-                outs.append(await call(c, url, body(f"{prefix}{k}-{i}", stream=i % 2 == 1),
-                                       rid(prefix)))  # fmt: skip
+                outs.append(
+                    await call(c, url, body(f"{prefix}{k}-{i}", stream=i % 2 == 1), rid(prefix))
+                )
             return outs
 
         per_loop = await asyncio.gather(*(loop(k) for k in range(loops)))
@@ -347,8 +361,13 @@ async def _load_until(url: str, stop: asyncio.Event, loops: int, prefix: str) ->
 def test_redis_killed_and_restarted_under_load(tmp_path: Path) -> None:
     redis = redis_server(tmp_path)
     w = sim(model=MODEL, tmp=tmp_path, max_num_seqs=64, ttft_ms=50)
-    queue = {"backend": "redis", "redis_url": redis.url, "lease_ttl_s": 2.0,
-             "on_redis_down": "local", "replicas_hint": 1}  # fmt: skip
+    queue = {
+        "backend": "redis",
+        "redis_url": redis.url,
+        "lease_ttl_s": 2.0,
+        "on_redis_down": "local",
+        "replicas_hint": 1,
+    }
     gw = gateway(gateway_config([("w", w, 2)], queue=queue), tmp_path)
     redis2 = Proc(redis.argv, redis.url, tmp_path / "redis-again.log")
     with running(redis, ready_path=""), running(w), running(gw, ready_path="/ready"):
@@ -377,11 +396,17 @@ def test_redis_killed_and_restarted_under_load(tmp_path: Path) -> None:
             recovery = settled([gw], [w])
             fresh = fresh_request(gw)
             ids, peak = executed(w), sim_stats(w)["peak_running"]
-            report("Redis killed and restarted (on_redis_down: local)", clients=labels(outcomes),
-                   served_while_redis_down=labels(in_outage),
-                   slowest_s=round(max(o.elapsed_s for o in outcomes), 2), peak_running=peak,
-                   duplicates=len(duplicates(ids)), settle_s=round(recovery, 2),
-                   fresh=fresh.label, **times)  # fmt: skip
+            report(
+                "Redis killed and restarted (on_redis_down: local)",
+                clients=labels(outcomes),
+                served_while_redis_down=labels(in_outage),
+                slowest_s=round(max(o.elapsed_s for o in outcomes), 2),
+                peak_running=peak,
+                duplicates=len(duplicates(ids)),
+                settle_s=round(recovery, 2),
+                fresh=fresh.label,
+                **times,
+            )
             _assert_nothing_lost(outcomes, {"200"})
             assert len(in_outage) > 20  # the local fallback served while Redis was gone
             assert peak <= 2
@@ -410,10 +435,11 @@ def test_replica_killed_while_holding_slots(tmp_path: Path) -> None:
         async def scenario() -> tuple[list[Outcome], list[Outcome], float]:
             async with async_client(8, 30) as c:
                 holders = [
-                    asyncio.create_task(call(c, a.url, body(f"hold{i}", max_tokens=100,
-                                                            stream=True), rid("on-a")))
+                    asyncio.create_task(
+                        call(c, a.url, body(f"hold{i}", max_tokens=100, stream=True), rid("on-a"))
+                    )
                     for i in range(2)
-                ]  # fmt: skip
+                ]
                 await asyncio.to_thread(
                     wait_until, "a holds both slots", lambda: sim_stats(w)["running"] == 2, 10
                 )
@@ -433,12 +459,17 @@ def test_replica_killed_while_holding_slots(tmp_path: Path) -> None:
         recovery = settled([b], [w])
         fresh = fresh_request(b)
         ids, peak = executed(w), sim_stats(w)["peak_running"]
-        report("gateway replica kill -9 holding slots (lease_ttl_s=2)",
-               killed_replica_clients=labels(held), other_replica_clients=labels(queued),
-               capacity_back_after_kill_s=back_s, peak_running=peak,
-               queued_waited_max_s=round(max(o.elapsed_s for o in queued), 2),
-               duplicates=len(duplicates(ids)), settle_s=round(recovery, 2),
-               fresh=fresh.label)  # fmt: skip
+        report(
+            "gateway replica kill -9 holding slots (lease_ttl_s=2)",
+            killed_replica_clients=labels(held),
+            other_replica_clients=labels(queued),
+            capacity_back_after_kill_s=back_s,
+            peak_running=peak,
+            queued_waited_max_s=round(max(o.elapsed_s for o in queued), 2),
+            duplicates=len(duplicates(ids)),
+            settle_s=round(recovery, 2),
+            fresh=fresh.label,
+        )
         assert labels(held) == {"conn-cut": 2}  # their gateway died: a transport error
         _assert_nothing_lost(queued, {"200"})
         assert peak <= 2
@@ -464,9 +495,13 @@ def test_thousand_clients_disconnect_mid_stream(tmp_path: Path) -> None:
         async def scenario() -> list[Outcome]:
             async with async_client(n, 90) as c:
                 return await asyncio.gather(
-                    *(call_and_leave(c, gw.url, body(f"d{i}", max_tokens=300, stream=True),
-                                     rid("leave")) for i in range(n))
-                )  # fmt: skip
+                    *(
+                        call_and_leave(
+                            c, gw.url, body(f"d{i}", max_tokens=300, stream=True), rid("leave")
+                        )
+                        for i in range(n)
+                    )
+                )
 
         t0 = time.monotonic()
         outcomes = asyncio.run(scenario())
@@ -475,23 +510,24 @@ def test_thousand_clients_disconnect_mid_stream(tmp_path: Path) -> None:
         fresh = fresh_request(gw, stream=True)
         st = [sim_stats(s1), sim_stats(s2)]
         ids = executed(s1, s2)
-        report("1,000 clients disconnect mid-stream", clients=labels(outcomes),
-               all_clients_done_s=clients_s, started=len(ids),
-               aborted=sum(s["aborted_total"] for s in st), duplicates=len(duplicates(ids)),
-               settle_s=round(recovery, 2), fresh=fresh.label)  # fmt: skip
+        report(
+            "1,000 clients disconnect mid-stream",
+            clients=labels(outcomes),
+            all_clients_done_s=clients_s,
+            started=len(ids),
+            aborted=sum(s["aborted_total"] for s in st),
+            duplicates=len(duplicates(ids)),
+            settle_s=round(recovery, 2),
+            fresh=fresh.label,
+        )
         assert labels(outcomes) == {"left": n}
         assert not duplicates(ids)
         assert sum(s["aborted_total"] for s in st) == len(ids) - 1  # all but the fresh request
-        assert all(s["running"] == 0 for s in st) and recovery >= 0
-        assert all(w_["inflight"] == 0 for w_ in workers(gw).values())
+        assert all(s["running"] == 0 for s in st)
+        assert all(wk["inflight"] == 0 for wk in workers(gw).values())
         assert fresh.label == "200"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a non-streaming client that hangs up is not noticed: its request keeps the "
-    "worker and the slot until it finishes, and queued ones are still executed",
-)
 def test_non_streaming_clients_that_leave_free_their_slots(tmp_path: Path) -> None:
     w = sim(model=MODEL, tmp=tmp_path, max_num_seqs=16, ttft_ms=2500)
     gw = gateway(gateway_config([("w", w, 1)]), tmp_path)
@@ -506,10 +542,14 @@ def test_non_streaming_clients_that_leave_free_their_slots(tmp_path: Path) -> No
         outcomes = asyncio.run(leave())
         assert labels(outcomes) == {"timeout": 3}  # the clients gave up and hung up
         busy_s = settled([gw], [w], timeout=15)
-        report("non-streaming clients hang up (1 running, 2 queued)",
-               slot_busy_after_clients_left_s=round(busy_s, 2), started=executed(w))  # fmt: skip
+        report(
+            "non-streaming clients hang up (1 running, 2 queued)",
+            slot_busy_after_clients_left_s=round(busy_s, 2),
+            started=executed(w),
+        )
         assert busy_s < 1.0
-        assert executed(w) == ["leaver-0"]  # the queued two never ran
+        started = executed(w)
+        assert len(started) == 1 and started[0].startswith("leaver-")  # the queued two never ran
 
 
 # ---- 10x overload -------------------------------------------------------------------------------
@@ -529,9 +569,15 @@ def test_ten_times_overload_burst(tmp_path: Path) -> None:
         ids = executed(s1, s2)
         peaks = {"s1": sim_stats(s1)["peak_running"], "s2": sim_stats(s2)["peak_running"]}
         seen = labels(outcomes)
-        report("10x overload burst (80 clients, capacity 8, max_queued 8)", clients=seen,
-               peak_running=peaks, burst_s=burst_s, duplicates=len(duplicates(ids)),
-               settle_s=round(recovery, 2), fresh=fresh.label)  # fmt: skip
+        report(
+            "10x overload burst (80 clients, capacity 8, max_queued 8)",
+            clients=seen,
+            peak_running=peaks,
+            burst_s=burst_s,
+            duplicates=len(duplicates(ids)),
+            settle_s=round(recovery, 2),
+            fresh=fresh.label,
+        )
         _assert_nothing_lost(outcomes, {"200", "429"})
         assert seen.get("429", 0) > 0 and seen.get("200", 0) >= capacity + 8
         assert peaks["s1"] <= 4 and peaks["s2"] <= 4

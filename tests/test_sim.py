@@ -374,29 +374,39 @@ async def test_default_max_tokens_16_for_completions_and_the_window_for_chat() -
 JSON_TYPE = {"content-type": "application/json"}
 
 
+UNSUPPORTED = "Unsupported Media Type: Only 'application/json' is allowed"
+
+
 @pytest.mark.parametrize(
-    ("payload", "headers", "param"),
+    ("payload", "headers", "param", "detail"),
     [
-        (b'{"messages": "hi"}', JSON_TYPE, "body.messages"),
-        (b'{"messages": [], "max_tokens": "many"}', JSON_TYPE, "body.max_tokens"),
-        (b"{not json", JSON_TYPE, "body.1"),
-        (b"", JSON_TYPE, "body"),
-        (b'{"messages": []}', {}, None),  # no content type
-        (b'{"messages": []}', {"content-type": "text/plain"}, None),
+        (b'{"messages": "hi"}', JSON_TYPE, "body.messages", "'Input should be a valid list'"),
+        (b'{"messages": [], "max_tokens": "many"}', JSON_TYPE, "body.max_tokens", "'int_parsing'"),
+        # JSON errors are worded, and placed, as Python's json module does
+        (b'{"model" "x"}', JSON_TYPE, "body.9", "\"Expecting ':' delimiter\""),
+        (b'{"model": "x', JSON_TYPE, "body.10", "'Unterminated string starting at'"),
+        (b"", JSON_TYPE, "body", "'Field required'"),
+        (b'{"messages": []}', {}, None, UNSUPPORTED),  # no content type
+        (b'{"messages": []}', {"content-type": "text/plain"}, None, UNSUPPORTED),
     ],
 )
 async def test_malformed_bodies_are_bad_request(
-    http: httpx.AsyncClient, payload: bytes, headers: dict[str, str], param: str | None
+    http: httpx.AsyncClient, payload: bytes, headers: dict[str, str], param: str, detail: str
 ) -> None:
     resp = await http.post("/v1/chat/completions", content=payload, headers=headers)
     assert resp.status_code == 400
     error = resp.json()["error"]
     assert (error["type"], error["code"], error["param"]) == ("Bad Request", 400, param)
     assert error["message"].startswith("1 validation error:\n  ")
-    if not headers:
-        assert error["message"].endswith(
-            "Unsupported Media Type: Only 'application/json' is allowed"
-        )
+    assert detail in error["message"]
+
+
+async def test_a_body_that_is_not_text_is_unparsable(http: httpx.AsyncClient) -> None:
+    resp = await http.post("/v1/completions", content=b'{"prompt": "\xff"}', headers=JSON_TYPE)
+    assert (resp.status_code, resp.json()) == (
+        400,
+        {"detail": "There was an error parsing the body"},
+    )
 
 
 async def test_stream_options_without_stream_is_a_validation_error(http: httpx.AsyncClient) -> None:

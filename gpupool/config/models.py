@@ -34,6 +34,7 @@ class ServerConfig(_Strict):
         32 * 1024 * 1024, gt=0, description="Largest request body accepted; beyond it: 413."
     )
     max_json_depth: int = Field(64, gt=0, description="Deepest JSON nesting accepted; 400 beyond.")
+    max_n: int = Field(16, gt=0, description="Most choices (`n`) one request may ask for.")
     max_header_bytes: int = Field(
         64 * 1024, gt=0, description="Largest request line plus headers; beyond it: 431."
     )

@@ -27,8 +27,8 @@ class Generate:
     prefix_key: int | None
 
 
-def _bad(msg: str) -> InvalidBody:
-    return InvalidBody(f"1 validation error(s):\n  {msg}")
+def _bad(msg: str, param: str | None = None) -> InvalidBody:
+    return InvalidBody(f"1 validation error(s):\n  {msg}", param=param)
 
 
 def load_json(raw: bytes, max_depth: int) -> dict[str, Any]:
@@ -83,7 +83,7 @@ def _model(body: dict[str, Any]) -> str | None:
     return model or None
 
 
-def parse_generate(raw: bytes, *, chat: bool, max_depth: int) -> Generate:
+def parse_generate(raw: bytes, *, chat: bool, max_depth: int, max_n: int = 16) -> Generate:
     body = load_json(raw, max_depth)
     stream = _opt_bool(body, "stream")
     if body.get("stream_options") is not None and not stream:
@@ -95,7 +95,9 @@ def parse_generate(raw: bytes, *, chat: bool, max_depth: int) -> Generate:
     if chat and max_tokens is None:
         max_tokens = _opt_int(body, "max_tokens", 1)
     priority = _opt_int(body, "priority", -(2**62))
-    _opt_int(body, "n", 1)
+    n = _opt_int(body, "n", 1)
+    if n is not None and n > max_n:
+        raise _bad(f"n: Input should be less than or equal to {max_n}", param="n")
     key = _chat_prefix(body) if chat else _completion_prefix(body)
     return Generate(body, raw, chat, _model(body), stream, max_tokens, priority, key)
 

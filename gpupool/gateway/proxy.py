@@ -112,7 +112,12 @@ class Proxy:
             positions.put_nowait(position)
 
         task = asyncio.ensure_future(self._acquire(ticket, on_wait))
-        done, _ = await asyncio.wait({task}, timeout=_QUEUED_PROBE_S)
+        try:
+            done, _ = await asyncio.wait({task}, timeout=_QUEUED_PROBE_S)
+        except asyncio.CancelledError:
+            task.cancel()  # the client left: the waiter goes, or its fresh lease is returned
+            task.add_done_callback(self._release_orphan)
+            raise
         if done:
             return await self.relay.stream(plan, task.result())
         stream = self.relay.queued(plan, task, positions)
@@ -223,6 +228,10 @@ class Proxy:
             self.metrics.inflight.labels(w.model, w.name).set(w.inflight)
         return lease
 
+    def _release_orphan(self, task: asyncio.Future[Lease]) -> None:
+        if not task.cancelled() and task.exception() is None:
+            self.relay.soon(self.release(task.result()))
+
     async def release(self, lease: Lease) -> None:
         if lease.extra.get("released"):
             return
@@ -245,12 +254,18 @@ class Proxy:
             worker = self.registry.get(lease.worker)
             try:
                 if worker is None or worker.url is None:
-                    raise UpstreamFailure("worker went away", connect=True)
+                    raise UpstreamFailure("worker went away", sent=False)
                 resp = await self.client.open("POST", worker.url + a.path, a.body, ctx.headers)
                 if resp.status < 400:
                     return resp, lease, None
                 data = await resp.read()
             except UpstreamFailure as e:
+                if e.sent and not (e.died and worker is not None and worker.routable):
+                    await self.release(lease)
+                    if worker is not None:
+                        self.note_failure(worker, str(e))
+                    msg = f"The worker failed while handling the request ({e})."
+                    raise UpstreamError(msg) from None
                 lease = await self._retry(a, lease, e.args[0], worker)
                 continue
             except BaseException:

@@ -48,7 +48,7 @@ class Relay:
         self.metrics = metrics
         self._background: set[asyncio.Task[None]] = set()
 
-    def _soon(self, coro: Coroutine[Any, Any, None]) -> None:
+    def soon(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run cleanup that must finish even when the caller is being cancelled."""
         task = asyncio.ensure_future(coro)
         self._background.add(task)
@@ -176,7 +176,7 @@ class Relay:
                 task.cancel()  # the client left while queued: never executed
         if data is not None:
             self._observe(plan, lease, resp.status)
-            self._soon(self.proxy.release(lease))
+            self.soon(self.proxy.release(lease))
             yield b"data: " + data + b"\n\ndata: [DONE]\n\n"
             return
         async for chunk in self._relay(plan, resp, lease):
@@ -211,7 +211,7 @@ class Relay:
         finally:
             resp.close()
             self._observe(plan, lease, 200 if status == "200" else status)
-            self._soon(self.proxy.release(lease))
+            self.soon(self.proxy.release(lease))
 
     def _stream_usage(self, plan: StreamPlan, lease: Lease, chunk: bytes) -> None:
         for line in chunk.split(b"\n"):

@@ -148,6 +148,8 @@ class Services:
         log.info("worker %s: %s -> %s", worker.name, old.value, worker.state.value)
         if worker.state is WorkerState.ready:
             self.admission.poke(worker.name)
+        elif old is WorkerState.ready and worker.state is WorkerState.failed and worker.url:
+            self.client.abort(worker.url)  # its in-flight requests end now, with an error
         self.write_sd_file()
 
     def write_sd_file(self) -> None:

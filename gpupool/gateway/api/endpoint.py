@@ -19,14 +19,59 @@ Handler = Callable[[Request], Awaitable[ASGIApp]]
 
 
 class Endpoint:
-    """Starlette calls classes as plain ASGI apps: no extra wrapping on the hot path."""
+    """Starlette calls classes as plain ASGI apps: no extra wrapping on the hot path.
+
+    Once a handler has read the body, a watcher cancels it if the client disconnects while it
+    waits (in the queue, or for a worker): the queued request is dropped and the worker's
+    connection closed, so nothing runs for a client that has gone.
+    """
 
     def __init__(self, handler: Handler) -> None:
         self.handler = handler
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = await self.handler(Request(scope, receive))
+        request = Request(scope, receive)
+        try:
+            response = await self.handler(request)
+        except asyncio.CancelledError:
+            if not _client_gone(request):
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            return
+        finally:
+            _stop_watch(request)
         await response(scope, receive, send)
+
+
+_WATCH = "disconnect_watch"
+_GONE = "client_gone"
+
+
+async def _watch(request: Request, task: asyncio.Task[object]) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            request.scope["state"][_GONE] = True
+            task.cancel()
+            return
+
+
+def _start_watch(request: Request) -> None:
+    task = asyncio.current_task()
+    if task is not None:
+        request.scope.setdefault("state", {})[_WATCH] = asyncio.ensure_future(_watch(request, task))
+
+
+def _stop_watch(request: Request) -> None:
+    watcher = request.scope.get("state", {}).pop(_WATCH, None)
+    if watcher is not None:
+        watcher.cancel()
+
+
+def _client_gone(request: Request) -> bool:
+    return bool(request.scope.get("state", {}).get(_GONE))
 
 
 def services(request: Request) -> Services:
@@ -40,9 +85,11 @@ async def body(request: Request) -> bytes:
     server = svc.cfg.server
     try:
         async with asyncio.timeout(server.body_timeout_s):
-            return await read_body(request.receive, server.max_body_bytes, size)
+            raw = await read_body(request.receive, server.max_body_bytes, size)
     except TimeoutError:
         raise RequestTimeout("The request body did not arrive in time.") from None
+    _start_watch(request)
+    return raw
 
 
 def request_id(request: Request) -> str:

@@ -95,7 +95,10 @@ def _generate(path: str, chat: bool) -> Endpoint:
         raw = await body(request)
         if svc.cfg.server.log_prompts:
             log.info("%s body: %s", path, raw[:8192].decode("utf-8", "replace"))
-        req = parse_generate(raw, chat=chat, max_depth=svc.cfg.server.max_json_depth)  # fmt: skip
+        server = svc.cfg.server
+        req = parse_generate(
+            raw, chat=chat, max_depth=server.max_json_depth, max_n=server.max_n
+        )
         _check_model_allowed(_principal(request), svc, req.model)
         ctx = context(request, req)
         reply = await _limited(svc, request, ctx, lambda: svc.proxy.generate(path, req, ctx))

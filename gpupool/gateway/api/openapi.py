@@ -26,7 +26,7 @@ _COMMON = {
     "stream": {"type": "boolean"},
     "max_tokens": {"type": "integer", "minimum": 1},
     "temperature": {"type": "number", "minimum": 0, "maximum": 2},
-    "n": {"type": "integer", "minimum": 1, "maximum": 4},
+    "n": {"type": "integer", "minimum": 1, "maximum": 16},  # server.max_n's default
     "priority": {"type": "integer"},
 }
 

@@ -8,6 +8,7 @@ either reads the whole body or iterates raw chunks. Every aiohttp/OS error becom
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
@@ -43,21 +44,28 @@ _DROP_RESPONSE = frozenset(
 
 
 class UpstreamFailure(Exception):
-    """A worker could not be reached or broke the connection. Safe to show: no address."""
+    """A worker could not be reached or broke the connection. Safe to show: no address.
 
-    def __init__(self, message: str, *, connect: bool) -> None:
+    ``sent``: the request may have reached the worker. ``died``: the worker closed the
+    connection (it crashed, or the gateway cut it off). A request that was not sent can always
+    be retried elsewhere; one that was sent only when its worker is known to be gone, so a slow
+    or frozen worker never ends up running it a second time.
+    """
+
+    def __init__(self, message: str, *, sent: bool, died: bool = False) -> None:
         super().__init__(message)
-        self.connect = connect  # True: nothing reached the worker (always safe to retry)
+        self.sent = sent
+        self.died = died
 
 
-def map_error(e: BaseException, *, connect: bool) -> UpstreamFailure:
-    if isinstance(e, TimeoutError | aiohttp.ServerTimeoutError):
-        return UpstreamFailure("worker timed out", connect=connect)
+def map_error(e: BaseException, *, sent: bool) -> UpstreamFailure:
     if isinstance(e, aiohttp.ClientConnectorError):
-        return UpstreamFailure("worker unreachable", connect=True)
+        return UpstreamFailure("worker unreachable", sent=False)
+    if isinstance(e, TimeoutError | aiohttp.ServerTimeoutError):
+        return UpstreamFailure("worker timed out", sent=sent)
     if isinstance(e, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
-        return UpstreamFailure("worker closed the connection", connect=connect)
-    return UpstreamFailure(f"worker connection failed ({type(e).__name__})", connect=connect)
+        return UpstreamFailure("worker closed the connection", sent=sent, died=True)
+    return UpstreamFailure(f"worker connection failed ({type(e).__name__})", sent=sent)
 
 
 def forward_headers(headers: Mapping[str, str]) -> dict[str, str]:
@@ -78,7 +86,7 @@ class UpstreamResponse:
         try:
             return await self._resp.read()
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            raise map_error(e, connect=False) from None
+            raise map_error(e, sent=True) from None
         finally:
             self._resp.release()
 
@@ -88,7 +96,7 @@ class UpstreamResponse:
             async for chunk in self._resp.content.iter_any():
                 yield chunk
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            raise map_error(e, connect=False) from None
+            raise map_error(e, sent=True) from None
 
     def close(self) -> None:
         """Drop the connection (a client went away: vLLM sees the disconnect and aborts)."""
@@ -97,30 +105,50 @@ class UpstreamResponse:
 
 
 class UpstreamClient:
+    """One connection pool per worker (so a worker taken out can be cut off at once), and one
+    for control traffic (health checks, metrics scrapes, tokenize)."""
+
     def __init__(self, connect_timeout_s: float = 5.0, read_timeout_s: float = 600.0) -> None:
         self._timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s
         )
-        self._session: aiohttp.ClientSession | None = None
+        self._sessions: dict[str, aiohttp.ClientSession] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def _new_session(self) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(
+            limit=0, limit_per_host=0, ttl_dns_cache=300, keepalive_timeout=30
+        )
+        return aiohttp.ClientSession(
+            connector=connector,
+            timeout=self._timeout,
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent", "Accept-Encoding"),
+        )
+
+    def _for(self, origin: str) -> aiohttp.ClientSession:
+        session = self._sessions.get(origin)
+        if session is None or session.closed:
+            session = self._sessions[origin] = self._new_session()
+        return session
 
     @property
     def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            connector = aiohttp.TCPConnector(
-                limit=0, limit_per_host=0, ttl_dns_cache=300, keepalive_timeout=30
-            )
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                timeout=self._timeout,
-                auto_decompress=False,
-                skip_auto_headers=("User-Agent", "Accept-Encoding"),
-            )
-        return self._session
+        """The control session (probes and scrapes)."""
+        return self._for("")
+
+    def abort(self, origin: str) -> None:
+        """Cut every open connection to one worker: its in-flight requests fail at once."""
+        session = self._sessions.pop(origin, None)
+        if session is not None:
+            task = asyncio.ensure_future(session.close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        sessions, self._sessions = list(self._sessions.values()), {}
+        for session in sessions:
+            await session.close()
 
     async def open(
         self,
@@ -129,9 +157,10 @@ class UpstreamClient:
         body: bytes | None,
         headers: Mapping[str, str],
     ) -> UpstreamResponse:
+        session = self._for(url[: url.find("/", 8)] if url.count("/") > 2 else url)
         try:
-            resp = await self.session.request(method, url, data=body, headers=headers)
+            resp = await session.request(method, url, data=body, headers=headers)
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            raise map_error(e, connect=True) from None
+            raise map_error(e, sent=True) from None
         out = [(k, v) for k, v in resp.headers.items() if k.lower() not in _DROP_RESPONSE]
         return UpstreamResponse(resp.status, out, resp)

@@ -4,6 +4,7 @@
     ├── BadRequest           (400, BadRequestError: vLLM's VLLMValidationError family)
     ├── InvalidBody          (400, "Bad Request": schema and JSON errors, as FastAPI + vLLM's
     │                         validation handler word them)
+    ├── UnreadableBody       (400, FastAPI's own ``{"detail": …}``: bytes that are not text)
     └── ModelNotFound        (404, NotFoundError, param model)
 
 ``BadRequest`` appends `` (parameter=…, value=…)`` to its message as
@@ -22,7 +23,6 @@ import orjson
 
 ENGINE_DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 UNSUPPORTED_MEDIA = "Unsupported Media Type: Only 'application/json' is allowed"
-BODY_UNREADABLE = "There was an error parsing the body"  # FastAPI's, for bytes that are not text
 _MAX_REPORTED = 10
 _MAX_INPUT_CHARS = 200
 _MAX_ERROR_CHARS = 1000
@@ -99,6 +99,18 @@ class InvalidBody(SimError):
             "ctx": {"error": reason},
         }
         return cls.from_errors([error])
+
+
+class UnreadableBody(SimError):
+    """FastAPI answers this itself, in its own shape."""
+
+    status = 400
+
+    def __init__(self) -> None:
+        super().__init__("There was an error parsing the body")
+
+    def payload(self) -> dict[str, Any]:
+        return {"detail": self.message}
 
 
 class ModelNotFound(SimError):

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import orjson
 from pydantic import BaseModel, ValidationError, model_validator
 
-from gpupool.workers.sim.errors import BODY_UNREADABLE, BadRequest, InvalidBody
+from gpupool.workers.sim.errors import BadRequest, InvalidBody, UnreadableBody
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -121,7 +121,7 @@ def _loads(body: bytes) -> Any:
     except json.JSONDecodeError as exc:
         raise InvalidBody.json_invalid(exc.pos, exc.msg) from None
     except (UnicodeDecodeError, RecursionError):
-        raise InvalidBody(BODY_UNREADABLE) from None
+        raise UnreadableBody() from None
 
 
 def parse_body(body: bytes, schema: type[T], media_ok: bool = True) -> T:
