@@ -30,8 +30,13 @@ STAMP = re.compile(rb"@(\d{10}\.\d{6})")  # bench/upstream.py's send time in pac
 def request_bytes(
     port: int, path: str, body: bytes, headers: dict[str, str] | None = None
 ) -> bytes:
-    lines = [f"POST {path} HTTP/1.1", f"host: 127.0.0.1:{port}", "content-type: application/json",
-             f"content-length: {len(body)}", *(f"{k}: {v}" for k, v in (headers or {}).items())]  # fmt: skip
+    lines = [
+        f"POST {path} HTTP/1.1",
+        f"host: 127.0.0.1:{port}",
+        "content-type: application/json",
+        f"content-length: {len(body)}",
+        *(f"{k}: {v}" for k, v in (headers or {}).items()),
+    ]
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
@@ -133,7 +138,7 @@ async def connect(port: int, keep_body: bool = False) -> Conn:
     return proto
 
 
-async def fetch(conn: Conn, req: bytes, timeout: float) -> Answer | None:
+async def fetch(conn: Conn, req: bytes, wait_s: float) -> Answer | None:
     fut: asyncio.Future[Answer | None] = asyncio.get_running_loop().create_future()
 
     def done(_: Conn, a: Answer | None) -> None:
@@ -142,7 +147,7 @@ async def fetch(conn: Conn, req: bytes, timeout: float) -> Answer | None:
 
     conn.send(req, done)
     try:
-        return await asyncio.wait_for(fut, timeout)
+        return await asyncio.wait_for(fut, wait_s)
     except TimeoutError:
         conn.close()
         return None
@@ -151,7 +156,7 @@ async def fetch(conn: Conn, req: bytes, timeout: float) -> Answer | None:
 # ---- c=1 ------------------------------------------------------------------------------------
 
 
-async def sequential(port: int, req: bytes, n: int, timeout: float = 10.0) -> list[float]:
+async def sequential(port: int, req: bytes, n: int, wait_s: float = 10.0) -> list[float]:
     """Latencies (s) of ``n`` requests sent one after another on one connection."""
     conn = await connect(port)
     out: list[float] = []
@@ -159,7 +164,7 @@ async def sequential(port: int, req: bytes, n: int, timeout: float = 10.0) -> li
         for _ in range(n):
             if conn.closed:
                 conn = await connect(port)
-            a = await fetch(conn, req, timeout)
+            a = await fetch(conn, req, wait_s)
             if a is None or a.status != 200:
                 raise RuntimeError(f"request failed: {a.status if a else 'no answer'}")
             out.append(a.latency)
@@ -246,9 +251,15 @@ class _Pool:
 
 
 async def open_loop(
-    port: int, req: bytes, rate: float, seconds: float, *, max_conns: int = 4000,
-    grace: float = 2.0, warm_conns: int | None = None,
-) -> Step:  # fmt: skip
+    port: int,
+    req: bytes,
+    rate: float,
+    seconds: float,
+    *,
+    max_conns: int = 4000,
+    grace: float = 2.0,
+    warm_conns: int | None = None,
+) -> Step:
     """Send at ``rate`` per second for ``seconds`` on a schedule that never waits for answers.
 
     A request finds an idle connection or opens a new one (its set-up time counts). Requests still
@@ -285,7 +296,7 @@ async def open_loop(
 
 
 async def streams(
-    port: int, req: bytes, n: int, concurrency: int, stagger: float, timeout: float = 30.0
+    port: int, req: bytes, n: int, concurrency: int, stagger: float, wait_s: float = 30.0
 ) -> list[Answer | None]:
     """``n`` SSE streams, ``concurrency`` at a time, starts spread by ``stagger`` seconds."""
     out: list[Answer | None] = []
@@ -299,7 +310,7 @@ async def streams(
                 queue.pop()
                 if conn.closed:
                     conn = await connect(port, keep_body=True)
-                out.append(await fetch(conn, req, timeout))
+                out.append(await fetch(conn, req, wait_s))
         finally:
             conn.close()
 
@@ -318,8 +329,11 @@ class IdleStreams:
     @property
     def alive(self) -> int:
         """Streams still open that have received at least their first event."""
-        return sum(1 for c in self.conns if not c.closed and c.first is not None and
-                   c.first.done() and c.first.result())  # fmt: skip
+        return sum(
+            1
+            for c in self.conns
+            if not c.closed and c.first is not None and c.first.done() and c.first.result()
+        )
 
     async def open(self, n: int, deadline_s: float, parallel: int = 200) -> int:
         """Open ``n`` more streams; returns how many got their first event in time."""

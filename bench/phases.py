@@ -56,15 +56,45 @@ class Plan:
     idle_levels: tuple[int, ...] = (1000, 5000)
     idle_open_s: float = 90.0
     step_s: float = 2.0
-    step_min_requests: int = 200
-    rates: tuple[int, ...] = (25, 50, 100, 200, 300, 450, 650, 900, 1200, 1600, 2000, 2500,
-                              3000, 3600, 4300, 5000, 6000, 7000, 8500, 10000, 12000)  # fmt: skip
+    step_min_requests: int = 100
+    rates: tuple[int, ...] = (
+        25,
+        50,
+        100,
+        200,
+        300,
+        450,
+        650,
+        900,
+        1200,
+        1600,
+        2000,
+        2500,
+        3000,
+        3600,
+        4300,
+        5000,
+        6000,
+        7000,
+        8500,
+        10000,
+        12000,
+    )
     bounds_ms: tuple[float, ...] = (10.0, 50.0)
 
     @classmethod
     def quick(cls) -> Plan:
-        return cls(rounds=3, c1_requests=200, c1_warmup=50, stream_rounds=2, streams_per_round=8,
-                   idle_levels=(1000,), idle_open_s=60.0, step_s=1.0, step_min_requests=100)  # fmt: skip
+        return cls(
+            rounds=3,
+            c1_requests=200,
+            c1_warmup=50,
+            stream_rounds=2,
+            streams_per_round=8,
+            idle_levels=(1000,),
+            idle_open_s=60.0,
+            step_s=1.0,
+            step_min_requests=100,
+        )
 
 
 # ---- c=1, non-streaming ----------------------------------------------------------------------
@@ -81,8 +111,12 @@ async def latency(targets: list[Target], plan: Plan) -> dict[str, Any]:
             samples[t.name] += lat
             round_p50[t.name].append(statistics.median(lat))
     return {
-        name: {"p50_ms": pct(s, 50) * 1e3, "p99_ms": pct(s, 99) * 1e3, "n": len(s),
-               "round_p50_ms": [x * 1e3 for x in round_p50[name]]}  # fmt: skip
+        name: {
+            "p50_ms": pct(s, 50) * 1e3,
+            "p99_ms": pct(s, 99) * 1e3,
+            "n": len(s),
+            "round_p50_ms": [x * 1e3 for x in round_p50[name]],
+        }
         for name, s in samples.items()
     }
 
@@ -106,8 +140,9 @@ async def streaming(targets: list[Target], plan: Plan) -> dict[str, Any]:
     for r in range(plan.stream_rounds):
         for t in rotate(targets, r):
             req = _req(t, "paced", True)
-            out = await loadgen.streams(t.port, req, plan.streams_per_round,
-                                        plan.stream_concurrency, stagger)  # fmt: skip
+            out = await loadgen.streams(
+                t.port, req, plan.streams_per_round, plan.stream_concurrency, stagger
+            )
             for a in out:
                 if a is None or a.status != 200 or not a.events:
                     errors[t.name] += 1
@@ -155,11 +190,17 @@ async def idle_memory(t: Target, plan: Plan) -> dict[str, Any]:
             alive = held.alive
             rss = rss_bytes(t.pid) / 2**20
             out["levels"][str(level)] = {
-                "rss_mb": rss, "established": alive, "open_s": round(opened_s, 1),
-                "failed": held.failed, "kb_per_stream": (rss - out["rss_idle_mb"]) * 1024 / level,
-            }  # fmt: skip
-            print(f"    {t.name}: {alive}/{level} streams open, RSS {rss:.0f} MB "
-                  f"({opened_s:.0f}s to open; {got} new)", flush=True)  # fmt: skip
+                "rss_mb": rss,
+                "established": alive,
+                "open_s": round(opened_s, 1),
+                "failed": held.failed,
+                "kb_per_stream": (rss - out["rss_idle_mb"]) * 1024 / level,
+            }
+            print(
+                f"    {t.name}: {alive}/{level} streams open, RSS {rss:.0f} MB "
+                f"({opened_s:.0f}s to open; {got} new)",
+                flush=True,
+            )
             if alive < level * 0.99:
                 break
     finally:
@@ -178,14 +219,19 @@ def _step_summary(step: loadgen.Step, meter: dict[str, float], bounds: Sequence[
     clean = step.errors == 0 and step.ok >= 0.99 * step.sent
     rig_cpu = meter.get("client_cpu", 0.0) + meter.get("upstream_cpu", 0.0)
     return {
-        "rate": step.rate, "sent": step.sent, "ok": step.ok, "errors": step.errors,
-        "achieved_rps": round(achieved, 1), "p50_ms": pct(step.latencies, 50) * 1e3,
-        "p99_ms": p99, "lag_p99_ms": pct(step.lags, 99) * 1e3,
+        "rate": step.rate,
+        "sent": step.sent,
+        "ok": step.ok,
+        "errors": step.errors,
+        "achieved_rps": round(achieved, 1),
+        "p50_ms": pct(step.latencies, 50) * 1e3,
+        "p99_ms": p99,
+        "lag_p99_ms": pct(step.lags, 99) * 1e3,
         "pass": {str(b): bool(clean and p99 < b) for b in bounds},
         **{k: round(v, 3) for k, v in meter.items()},
         "cpu0_foreign": round(max(0.0, meter["cpu0_busy"] - rig_cpu), 3),
         "cpu1_foreign": round(max(0.0, meter["cpu1_busy"] - meter.get("gateway_cpu", 0.0)), 3),
-    }  # fmt: skip
+    }
 
 
 async def _one_step(t: Target, plan: Plan, rate: float, rig: dict[str, int]) -> dict[str, Any]:
@@ -210,9 +256,12 @@ async def max_rate(targets: list[Target], plan: Plan, rig: dict[str, int]) -> di
                 res["retried"] = True
                 res = await _one_step(t, plan, rate, rig)
             steps[t.name].append(res)
-            print(f"    {t.name:>14} {rate:>6} rps: p99 {res['p99_ms']:8.2f} ms, "
-                  f"errors {res['errors']}, gw {res.get('gateway_cpu', 0):.2f} core, "
-                  f"cpu0 {res['cpu0_busy']:.2f}", flush=True)  # fmt: skip
+            print(
+                f"    {t.name:>14} {rate:>6} rps: p99 {res['p99_ms']:8.2f} ms, "
+                f"errors {res['errors']}, gw {res.get('gateway_cpu', 0):.2f} core, "
+                f"cpu0 {res['cpu0_busy']:.2f}",
+                flush=True,
+            )
             if not res["pass"][loosest]:
                 active.remove(t)
         if not active:
@@ -225,7 +274,9 @@ def _best(steps: list[dict[str, Any]], bounds: Sequence[float]) -> dict[str, Any
     for b in bounds:
         passing = [s for s in steps if s["pass"][str(b)]]
         best = max(passing, key=lambda s: s["rate"]) if passing else None
-        failing = [s for s in steps if not s["pass"][str(b)] and (not best or s["rate"] > best["rate"])]
+        failing = [
+            s for s in steps if not s["pass"][str(b)] and (not best or s["rate"] > best["rate"])
+        ]
         out[f"max_rps_{b:g}ms"] = best["rate"] if best else 0
         out[f"at_{b:g}ms"] = best
         out[f"fail_{b:g}ms"] = failing[0] if failing else None

@@ -13,7 +13,6 @@ Two scenarios: non-streaming requests at ``rate`` (about 70 % of the highest sus
 from __future__ import annotations
 
 import argparse
-import asyncio
 import subprocess
 import time
 from collections import Counter
@@ -70,8 +69,9 @@ def summarise(raw: str) -> dict[str, Any]:
         leaf[f"{file}:{func}"] += count
         for p in {_package(f) for f, _ in frames if not f.startswith(_BASE)}:
             pkg_incl[p] += count
-        ours = [f"{f}:{fn}" for f, fn in frames
-                if f.startswith("gpupool/") and not f.startswith(_BASE)]  # fmt: skip
+        ours = [
+            f"{f}:{fn}" for f, fn in frames if f.startswith("gpupool/") and not f.startswith(_BASE)
+        ]
         who = ours[-1] if ours else _LOOP
         owner[who] += count
         owner_pkg.setdefault(who, Counter())[pkg] += count
@@ -82,9 +82,15 @@ def summarise(raw: str) -> dict[str, Any]:
         return [(name, 100.0 * v / max(1, total)) for name, v in c.most_common(k)]
 
     detail = {who: top(owner_pkg[who], 4) for who, _ in owner.most_common(10)}
-    return {"samples": total, "by_package": top(by_pkg), "package_inclusive": top(pkg_incl),
-            "leaf": top(leaf, 20), "owner": top(owner, 20), "owner_detail": detail,
-            "inclusive": top(inclusive, 20)}  # fmt: skip
+    return {
+        "samples": total,
+        "by_package": top(by_pkg),
+        "package_inclusive": top(pkg_incl),
+        "leaf": top(leaf, 20),
+        "owner": top(owner, 20),
+        "owner_detail": detail,
+        "inclusive": top(inclusive, 20),
+    }
 
 
 async def _load(port: int, req: bytes, rate: float, seconds: float) -> loadgen.Step:
@@ -92,9 +98,25 @@ async def _load(port: int, req: bytes, rate: float, seconds: float) -> loadgen.S
 
 
 def record(pid: int, port: int, req: bytes, rate: float, seconds: float, out: Path) -> dict:
-    argv = ["taskset", "-c", str(RIG_CPU), str(PYSPY), "record", "--pid", str(pid), "--rate",
-            "250", "--duration", str(int(seconds)), "--format", "raw", "--nolineno",
-            "--nonblocking", "--output", str(out)]  # fmt: skip
+    argv = [
+        "taskset",
+        "-c",
+        str(RIG_CPU),
+        str(PYSPY),
+        "record",
+        "--pid",
+        str(pid),
+        "--rate",
+        "250",
+        "--duration",
+        str(int(seconds)),
+        "--format",
+        "raw",
+        "--nolineno",
+        "--nonblocking",
+        "--output",
+        str(out),
+    ]
     spy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     time.sleep(0.5)
     step = uvloop.run(_load(port, req, rate, seconds - 1))
@@ -102,34 +124,58 @@ def record(pid: int, port: int, req: bytes, rate: float, seconds: float, out: Pa
     if spy.returncode or not out.exists():
         return {"error": f"py-spy failed: {err.decode(errors='replace')[-500:]}"}
     res = summarise(out.read_text())
-    res["load"] = {"rate": rate, "ok": step.ok, "errors": step.errors,
-                   "p99_ms": sorted(step.latencies)[int(0.99 * len(step.latencies))] * 1e3
-                   if step.latencies else None}  # fmt: skip
+    res["load"] = {
+        "rate": rate,
+        "ok": step.ok,
+        "errors": step.errors,
+        "p99_ms": sorted(step.latencies)[int(0.99 * len(step.latencies))] * 1e3
+        if step.latencies
+        else None,
+    }
     return res
 
 
 def markdown(profiles: dict[str, dict[str, Any]]) -> str:
-    out = ["# Where gpupool spends its CPU (py-spy)", "",
-           "Sampled at 250 Hz with `py-spy record --nonblocking --nolineno` while the bench's "
-           "open-loop client drove the gateway (one process on CPU1). Percentages are of all "
-           "samples of the gateway's busy thread.", ""]  # fmt: skip
+    out = [
+        "# Where gpupool spends its CPU (py-spy)",
+        "",
+        "Sampled at 250 Hz with `py-spy record --nonblocking --nolineno` while the bench's "
+        "open-loop client drove the gateway (one process on CPU1). Percentages are of all "
+        "samples of the gateway's busy thread.",
+        "",
+    ]
     for name, p in profiles.items():
         if "error" in p:
             out += [f"## {name}", "", p["error"], ""]
             continue
         load = p["load"]
-        out += [f"## {name}: {load['rate']:g} req/s offered, {load['ok']} ok, {load['errors']} "
-                f"errors, {p['samples']} samples", ""]  # fmt: skip
-        for key, title in (("by_package", "By package (where the leaf frame is; C code of "
-                                          "uvloop/httptools and system calls show as asyncio)"),
-                           ("package_inclusive", "By package, inclusive (anywhere on the stack)"),
-                           ("owner", "By gpupool function that asked for the work (deepest "
-                                     "gpupool frame; includes the libraries it called)"),
-                           ("inclusive", "gpupool functions, inclusive"),
-                           ("leaf", "Hottest leaf functions")):  # fmt: skip
+        out += [
+            f"## {name}: {load['rate']:g} req/s offered, {load['ok']} ok, {load['errors']} "
+            f"errors, {p['samples']} samples",
+            "",
+        ]
+        for key, title in (
+            (
+                "by_package",
+                "By package (where the leaf frame is; C code of "
+                "uvloop/httptools and system calls show as asyncio)",
+            ),
+            ("package_inclusive", "By package, inclusive (anywhere on the stack)"),
+            (
+                "owner",
+                "By gpupool function that asked for the work (deepest "
+                "gpupool frame; includes the libraries it called)",
+            ),
+            ("inclusive", "gpupool functions, inclusive"),
+            ("leaf", "Hottest leaf functions"),
+        ):
             owner = key == "owner"
-            out += [f"### {title}", "", "| where | % of samples |" + (
-                " leaf packages under it, % |" if owner else ""), "|---|---|" + "---|" * owner]
+            out += [
+                f"### {title}",
+                "",
+                "| where | % of samples |" + (" leaf packages under it, % |" if owner else ""),
+                "|---|---|" + "---|" * owner,
+            ]
             for n, v in p[key]:
                 spread = ", ".join(f"{k} {x:.1f}" for k, x in p["owner_detail"].get(n, []))
                 out.append(f"| `{n}` | {v:.1f} |" + (f" {spread} |" if owner else ""))
@@ -145,7 +191,9 @@ def run(pid: int, port: int, out_dir: Path, best_rate: float, quick: bool) -> di
     scenarios = {
         "non-streaming": (loadgen.request_bytes(port, PATH, body("fast", False)), rate),
         "streaming (64 chunks, zero delay)": (
-            loadgen.request_bytes(port, PATH, body("fast", True)), rate / 3),
+            loadgen.request_bytes(port, PATH, body("fast", True)),
+            rate / 3,
+        ),
     }
     profiles = {}
     for i, (name, (req, r)) in enumerate(scenarios.items()):

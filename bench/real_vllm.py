@@ -34,10 +34,27 @@ MODEL = "tiny"
 
 
 def vllm_proc(port: int, tmp: Path) -> Proc:
-    argv = [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL_DIR),
-            "--served-model-name", MODEL, "--port", str(port), "--host", "127.0.0.1",
-            "--dtype", "bfloat16", "--max-model-len", "2048", "--max-num-seqs", "4",
-            "--max-num-batched-tokens", "2048"]  # fmt: skip
+    argv = [
+        str(VLLM_PY),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(MODEL_DIR),
+        "--served-model-name",
+        MODEL,
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        "2048",
+        "--max-num-seqs",
+        "4",
+        "--max-num-batched-tokens",
+        "2048",
+    ]
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
     return Proc("vllm", argv, RIG_CPU, tmp / "vllm.log", env=env)
 
@@ -45,8 +62,12 @@ def vllm_proc(port: int, tmp: Path) -> Proc:
 def gateway_proc(vllm_url: str, tmp: Path) -> tuple[Proc, int]:
     port = free_port()
     cfg = {
-        "server": {"host": "127.0.0.1", "port": port, "access_log": False,
-                   "state_dir": str(tmp / "gw-state")},  # fmt: skip
+        "server": {
+            "host": "127.0.0.1",
+            "port": port,
+            "access_log": False,
+            "state_dir": str(tmp / "gw-state"),
+        },
         "models": [{"name": MODEL}],
         "workers": [{"name": "vllm", "model": MODEL, "url": vllm_url, "max_inflight": 64}],
     }
@@ -58,9 +79,15 @@ def gateway_proc(vllm_url: str, tmp: Path) -> tuple[Proc, int]:
 
 async def one(session: aiohttp.ClientSession, url: str, max_tokens: int) -> tuple[float, int]:
     """(TTFT s, completion tokens) of one streamed request."""
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a long story."}],
-            "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}, "temperature": 0}  # fmt: skip
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell me a long story."}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0,
+    }
     t0 = time.perf_counter()
     ttft, tokens = float("nan"), 0
     async with session.post(url + "/v1/chat/completions", json=body) as r:
@@ -101,35 +128,47 @@ def _pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, round(q / 100 * len(s) + 0.5) - 1))] if s else float("nan")
 
 
-async def measure(direct: str, gateway: str, rounds: int, per_lane: int, max_tokens: int,
-                  lanes: int = 4) -> dict[str, Any]:  # fmt: skip
+async def measure(
+    direct: str, gateway: str, rounds: int, per_lane: int, max_tokens: int, lanes: int = 4
+) -> dict[str, Any]:
     for url in (direct, gateway):  # warm both paths
         await round_(url, lanes, 1, 8)
     runs: dict[str, list[dict[str, Any]]] = {"direct": [], "gateway": []}
     for r in range(rounds):
         order = ("direct", "gateway") if r % 2 == 0 else ("gateway", "direct")
         for path in order:
-            runs[path].append(await round_(direct if path == "direct" else gateway, lanes,
-                                           per_lane, max_tokens))  # fmt: skip
+            runs[path].append(
+                await round_(direct if path == "direct" else gateway, lanes, per_lane, max_tokens)
+            )
         d, g = runs["direct"][-1], runs["gateway"][-1]
-        print(f"    round {r + 1}: direct {d['tokens'] / d['seconds']:.1f} tok/s, "
-              f"gateway {g['tokens'] / g['seconds']:.1f} tok/s", flush=True)  # fmt: skip
+        print(
+            f"    round {r + 1}: direct {d['tokens'] / d['seconds']:.1f} tok/s, "
+            f"gateway {g['tokens'] / g['seconds']:.1f} tok/s",
+            flush=True,
+        )
     out: dict[str, Any] = {}
     for path, rs in runs.items():
         ttfts = [t for r in rs for t in r["ttfts"]]
         out[path] = {
             "tokens_per_s": sum(r["tokens"] for r in rs) / sum(r["seconds"] for r in rs),
-            "ttft_p50_ms": _pct(ttfts, 50) * 1e3, "ttft_p99_ms": _pct(ttfts, 99) * 1e3,
-            "requests": len(ttfts), "round_tokens_per_s": [r["tokens"] / r["seconds"] for r in rs],
-        }  # fmt: skip
+            "ttft_p50_ms": _pct(ttfts, 50) * 1e3,
+            "ttft_p99_ms": _pct(ttfts, 99) * 1e3,
+            "requests": len(ttfts),
+            "round_tokens_per_s": [r["tokens"] / r["seconds"] for r in rs],
+        }
     out["tokens_ratio"] = out["gateway"]["tokens_per_s"] / out["direct"]["tokens_per_s"]
-    ratios = [g / d for g, d in zip(out["gateway"]["round_tokens_per_s"],
-                                    out["direct"]["round_tokens_per_s"], strict=False)]  # fmt: skip
+    ratios = [
+        g / d
+        for g, d in zip(
+            out["gateway"]["round_tokens_per_s"], out["direct"]["round_tokens_per_s"], strict=False
+        )
+    ]
     out["round_ratio_median"] = statistics.median(ratios)
     out["describe"] = (
-        f"vLLM (CPU) serving {MODEL_DIR.name} on CPU0, gpupool on CPU1; {rounds} interleaved rounds "
-        f"per path, each {lanes} concurrent streams × {per_lane} requests of {max_tokens} tokens "
-        f"(ignore_eos). Median of per-round ratios: {out['round_ratio_median']:.1%}."
+        f"vLLM (CPU) serving {MODEL_DIR.name} on CPU0, gpupool on CPU1; {rounds} interleaved "
+        f"rounds per path, each {lanes} concurrent streams x {per_lane} requests of "
+        f"{max_tokens} tokens (ignore_eos). Median of per-round ratios: "
+        f"{out['round_ratio_median']:.1%}."
     )
     return out
 
@@ -167,8 +206,9 @@ def run(vllm_url: str | None, rounds: int, per_lane: int, max_tokens: int) -> di
         gw, gw_port = gateway_proc(vllm_url, tmp)
         procs.append(gw.start())
         gw.wait_http(f"http://127.0.0.1:{gw_port}/ready", 120)
-        return asyncio.run(measure(vllm_url, f"http://127.0.0.1:{gw_port}", rounds, per_lane,
-                                   max_tokens))  # fmt: skip
+        return asyncio.run(
+            measure(vllm_url, f"http://127.0.0.1:{gw_port}", rounds, per_lane, max_tokens)
+        )
     except (RuntimeError, TimeoutError, aiohttp.ClientError) as e:
         return {"error": f"{type(e).__name__}: {str(e)[:500]}"}
     finally:

@@ -18,7 +18,7 @@ GATEWAYS_ORDER = ("gpupool", "gpupool-redis", "vllm-router", "sglang-router", "l
 
 def _f(x: float | None, digits: int = 2) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "–"
+        return "-"
     return f"{x:.{digits}f}"
 
 
@@ -28,24 +28,33 @@ def _f(x: float | None, digits: int = 2) -> str:
 def print_latency(lat: dict[str, Any]) -> None:
     d = lat.get("direct", {})
     for name, r in lat.items():
-        added = "" if name == "direct" else (
-            f"  added p50 {r['p50_ms'] - d['p50_ms']:.3f} / p99 {r['p99_ms'] - d['p99_ms']:.3f} ms"
+        added = ""
+        if name != "direct":
+            p50, p99 = r["p50_ms"] - d["p50_ms"], r["p99_ms"] - d["p99_ms"]
+            added = f"  added p50 {p50:.3f} / p99 {p99:.3f} ms"
+        print(
+            f"  {name:>14}: p50 {r['p50_ms']:.3f} ms, p99 {r['p99_ms']:.3f} ms{added}", flush=True
         )
-        print(f"  {name:>14}: p50 {r['p50_ms']:.3f} ms, p99 {r['p99_ms']:.3f} ms{added}", flush=True)
 
 
 def print_stream(st: dict[str, Any]) -> None:
     for name, r in st.items():
-        print(f"  {name:>14}: TTFT p50 {r['ttft_p50_ms']:.2f} ms, gap p50/p99 "
-              f"{r['gap_p50_ms']:.2f}/{r['gap_p99_ms']:.2f} ms, chunk delay p50/p99 "
-              f"{r['delay_p50_ms']:.2f}/{r['delay_p99_ms']:.2f} ms, errors {r['errors']}, "
-              f"identical bytes {r['bytes_identical_to_direct']}", flush=True)  # fmt: skip
+        print(
+            f"  {name:>14}: TTFT p50 {r['ttft_p50_ms']:.2f} ms, gap p50/p99 "
+            f"{r['gap_p50_ms']:.2f}/{r['gap_p99_ms']:.2f} ms, chunk delay p50/p99 "
+            f"{r['delay_p50_ms']:.2f}/{r['delay_p99_ms']:.2f} ms, errors {r['errors']}, "
+            f"identical bytes {r['bytes_identical_to_direct']}",
+            flush=True,
+        )
 
 
 def print_rate(rate: dict[str, Any]) -> None:
     for name, r in rate.items():
-        print(f"  {name:>14}: {r['max_rps_10ms']} rps at p99 < 10 ms; "
-              f"{r['max_rps_50ms']} rps at p99 < 50 ms", flush=True)  # fmt: skip
+        print(
+            f"  {name:>14}: {r['max_rps_10ms']} rps at p99 < 10 ms; "
+            f"{r['max_rps_50ms']} rps at p99 < 50 ms",
+            flush=True,
+        )
 
 
 # ---- analysis -------------------------------------------------------------------------------
@@ -93,15 +102,22 @@ def _rate_marks(name: str, r: dict[str, Any], direct: dict[str, Any] | None) -> 
         if not fail:
             a["rate_why"] += "; never failed up to the last step"
     elif fail and rig_cpu >= 0.85:
-        a["rig_rate"], a["rate_why"] = True, f"the rig used {rig_cpu:.2f} of CPU0 at the failing step"
+        a["rig_rate"], a["rate_why"] = (
+            True,
+            f"the rig used {rig_cpu:.2f} of CPU0 at the failing step",
+        )
     elif fail and fail.get("cpu0_busy", 0) >= 0.95:
         a["rig_rate"] = True
-        a["rate_why"] = (f"CPU0 was saturated at the failing step ({rig_cpu:.2f} core rig, "
-                         f"{fail.get('cpu0_foreign', 0):.2f} core other processes)")  # fmt: skip
+        a["rate_why"] = (
+            f"CPU0 was saturated at the failing step ({rig_cpu:.2f} core rig, "
+            f"{fail.get('cpu0_foreign', 0):.2f} core other processes)"
+        )
     elif fail and fail.get("gateway_cpu", 1.0) < 0.8 and fail.get("cpu1_foreign", 0) > 0.2:
         a["rig_rate"] = True
-        a["rate_why"] = (f"other processes took {fail['cpu1_foreign']:.2f} core of CPU1 at the "
-                         f"failing step (gateway got {fail['gateway_cpu']:.2f})")  # fmt: skip
+        a["rate_why"] = (
+            f"other processes took {fail['cpu1_foreign']:.2f} core of CPU1 at the "
+            f"failing step (gateway got {fail['gateway_cpu']:.2f})"
+        )
     elif direct and r["max_rps_10ms"] >= 0.9 * direct["max_rps_10ms"] > 0:
         a["rig_rate"], a["rate_why"] = True, "within 10 % of the upstream reached directly"
     elif fail and fail.get("gateway_cpu", 1.0) < 0.8:
@@ -119,7 +135,7 @@ def _ratio(x: float | None, y: float | None) -> float | None:
 
 def targets_met(res: dict[str, Any], an: dict[str, Any]) -> list[dict[str, Any]]:
     """The issue's targets, each with the figures, the ratio and whether it is met."""
-    gp, vr, ll = an.get("gpupool", {}), an.get("vllm-router", {}), an.get("litellm", {})
+    gp, vr = an.get("gpupool", {}), an.get("vllm-router", {})
     rate = res.get("rate", {})
     rows: list[dict[str, Any]] = []
 
@@ -128,75 +144,105 @@ def targets_met(res: dict[str, Any], an: dict[str, Any]) -> list[dict[str, Any]]
 
     if "added_p50_ms" in gp and "added_p50_ms" in vr:
         r = _ratio(gp["added_p50_ms"], vr["added_p50_ms"])
-        add("added p50 ≤ 1.5× vllm-router's",
-            f"{gp['added_p50_ms']:.3f} vs {vr['added_p50_ms']:.3f} ms", r,
-            None if r is None else r <= 1.5)  # fmt: skip
+        add(
+            "added p50 ≤ 1.5x vllm-router's",
+            f"{gp['added_p50_ms']:.3f} vs {vr['added_p50_ms']:.3f} ms",
+            r,
+            None if r is None else r <= 1.5,
+        )
     if "gpupool" in rate and "vllm-router" in rate:
         g, v = rate["gpupool"]["max_rps_10ms"], rate["vllm-router"]["max_rps_10ms"]
         r = _ratio(g, v)
-        note = "vllm-router's figure is rig-bound: the true ratio is lower" if vr.get(
-            "rig_rate") else ""  # fmt: skip
-        add("sustained rate ≥ 50 % of vllm-router's", f"{g} vs {v} rps", r,
-            None if r is None else r >= 0.5, note)  # fmt: skip
+        note = (
+            "vllm-router's figure is rig-bound: the true ratio is lower"
+            if vr.get("rig_rate")
+            else ""
+        )
+        add(
+            "sustained rate ≥ 50 % of vllm-router's",
+            f"{g} vs {v} rps",
+            r,
+            None if r is None else r >= 0.5,
+            note,
+        )
     if "gpupool" in rate and "litellm" in rate:
         g, lt = rate["gpupool"]["max_rps_10ms"], rate["litellm"]["max_rps_10ms"]
         r = _ratio(g, lt)
         note = ""
         if lt == 0:
             g50, l50 = rate["gpupool"]["max_rps_50ms"], rate["litellm"]["max_rps_50ms"]
-            note = (f"LiteLLM never held p99 < 10 ms; at p99 < 50 ms: {g50} vs {l50} rps "
-                    f"({_fmt_ratio(_ratio(g50, l50))})")  # fmt: skip
-        add("sustained rate ≥ 10× LiteLLM's", f"{g} vs {lt} rps", r,
-            None if r is None else r >= 10, note)  # fmt: skip
+            note = (
+                f"LiteLLM never held p99 < 10 ms; at p99 < 50 ms: {g50} vs {l50} rps "
+                f"({_fmt_ratio(_ratio(g50, l50))})"
+            )
+        add(
+            "sustained rate ≥ 10x LiteLLM's",
+            f"{g} vs {lt} rps",
+            r,
+            None if r is None else r >= 10,
+            note,
+        )
     if "added_gap_p99_ms" in gp:
         v, dly = gp["added_gap_p99_ms"], gp["added_delay_p99_ms"]
-        note = (f"per-chunk delay p99 added: {dly:.3f} ms; the rig's own gap jitter (direct p99 "
-                f"− 20 ms) is {gp['rig_gap_jitter_ms']:.2f} ms")  # fmt: skip
+        note = (
+            f"per-chunk delay p99 added: {dly:.3f} ms; the rig's own gap jitter (direct p99 "
+            f"- 20 ms) is {gp['rig_gap_jitter_ms']:.2f} ms"
+        )
         add("streaming added inter-chunk p99 < 1 ms", f"{v:.3f} ms", None, v < 1.0, note)
     level = gp.get("memory", {}).get("levels", {}).get("5000")
     if level:
         ok = level["rss_mb"] < 300 and level["established"] >= 4950
-        add("5,000 idle streams in < 300 MB RSS",
-            f"{level['rss_mb']:.0f} MB with {level['established']} streams", None, ok)  # fmt: skip
+        add(
+            "5,000 idle streams in < 300 MB RSS",
+            f"{level['rss_mb']:.0f} MB with {level['established']} streams",
+            None,
+            ok,
+        )
     rv = res.get("real_vllm", {})
     if "tokens_ratio" in rv:
-        add("through real vLLM ≥ 98 % of direct tokens/s",
+        add(
+            "through real vLLM ≥ 98 % of direct tokens/s",
             f"{rv['gateway']['tokens_per_s']:.1f} vs {rv['direct']['tokens_per_s']:.1f} tok/s",
-            rv["tokens_ratio"], rv["tokens_ratio"] >= 0.98)  # fmt: skip
+            rv["tokens_ratio"],
+            rv["tokens_ratio"] >= 0.98,
+        )
     return rows
 
 
 def _fmt_ratio(r: float | None) -> str:
     if r is None:
-        return "–"
-    return "∞" if math.isinf(r) else f"{r:.2f}×"
+        return "-"
+    return "∞" if math.isinf(r) else f"{r:.2f}x"
 
 
 # ---- markdown -------------------------------------------------------------------------------
 
 
 def _dag(x: str, mark: bool) -> str:
-    return f"{x} †" if mark and x != "–" else x
+    return f"{x} †" if mark and x != "-" else x
 
 
 def _main_table(res: dict[str, Any], an: dict[str, Any]) -> list[str]:
     lat, st, rate = res.get("latency", {}), res.get("stream", {}), res.get("rate", {})
-    head = ("| target | c=1 p50 / p99 ms | added p50 / p99 ms | max rps, p99 < 10 ms | "
-            "rps, p99 < 50 ms | CPU µs/req | stream TTFT added ms | inter-chunk p99 added ms | "
-            "chunk delay p99 added ms | RSS idle / 1k / 5k streams MB |")  # fmt: skip
+    head = (
+        "| target | c=1 p50 / p99 ms | added p50 / p99 ms | max rps, p99 < 10 ms | "
+        "rps, p99 < 50 ms | CPU µs/req | stream TTFT added ms | inter-chunk p99 added ms | "
+        "chunk delay p99 added ms | RSS idle / 1k / 5k streams MB |"
+    )
     lines = [head, "|" + "---|" * 10]
     for name in res.get("targets", {}):
         a = an.get(name, {})
-        c1 = f"{_f(lat[name]['p50_ms'], 3)} / {_f(lat[name]['p99_ms'], 3)}" if name in lat else "–"
-        added = "–"
+        c1 = f"{_f(lat[name]['p50_ms'], 3)} / {_f(lat[name]['p99_ms'], 3)}" if name in lat else "-"
+        added = "-"
         if name in lat and name != "direct":
-            added = _dag(f"{_f(a['added_p50_ms'], 3)} / {_f(a['added_p99_ms'], 3)}",
-                         "latency" in a["rig"])  # fmt: skip
+            added = _dag(
+                f"{_f(a['added_p50_ms'], 3)} / {_f(a['added_p99_ms'], 3)}", "latency" in a["rig"]
+            )
         r = rate.get(name, {})
-        rps = _dag(str(r["max_rps_10ms"]), a.get("rig_rate", False)) if r else "–"
-        rps50 = str(r["max_rps_50ms"]) if r else "–"
-        cpu = _f(r.get("cpu_us_per_request"), 0) if r and name != "direct" else "–"
-        ttft = gap = delay = "–"
+        rps = _dag(str(r["max_rps_10ms"]), a.get("rig_rate", False)) if r else "-"
+        rps50 = str(r["max_rps_50ms"]) if r else "-"
+        cpu = _f(r.get("cpu_us_per_request"), 0) if r and name != "direct" else "-"
+        ttft = gap = delay = "-"
         if name in st and name != "direct":
             ttft = _dag(_f(a["added_ttft_ms"]), "ttft" in a["rig"])
             gap = _dag(_f(a["added_gap_p99_ms"]), "gap" in a["rig"])
@@ -206,19 +252,21 @@ def _main_table(res: dict[str, Any], an: dict[str, Any]) -> list[str]:
             gap = f"({_f(st[name]['gap_p99_ms'])} abs.)"
             delay = f"({_f(st[name]['delay_p99_ms'])} abs.)"
         mem = _mem_cell(a.get("memory"))
-        lines.append(f"| {name} | {c1} | {added} | {rps} | {rps50} | {cpu} | {ttft} | {gap} | "
-                     f"{delay} | {mem} |")  # fmt: skip
+        lines.append(
+            f"| {name} | {c1} | {added} | {rps} | {rps50} | {cpu} | {ttft} | {gap} | "
+            f"{delay} | {mem} |"
+        )
     return lines
 
 
 def _mem_cell(m: dict[str, Any] | None) -> str:
     if not m:
-        return "–"
+        return "-"
     cells = [f"{m['rss_idle_mb']:.0f}"]
     for level in ("1000", "5000"):
         lv = m["levels"].get(level)
         if lv is None:
-            cells.append("–")
+            cells.append("-")
         elif lv["established"] < int(level) * 0.99:
             cells.append(f"{lv['rss_mb']:.0f} (only {lv['established']} open)")
         else:
@@ -227,18 +275,24 @@ def _mem_cell(m: dict[str, Any] | None) -> str:
 
 
 def _targets_table(rows: list[dict[str, Any]]) -> list[str]:
-    lines = ["| target (issue #7) | gpupool vs reference | ratio | met | note |", "|---|---|---|---|---|"]
+    lines = [
+        "| target (issue #7) | gpupool vs reference | ratio | met | note |",
+        "|---|---|---|---|---|",
+    ]
     for r in rows:
-        met = {True: "**yes**", False: "**no**", None: "–"}[r["met"]]
-        lines.append(f"| {r['target']} | {r['value']} | {_fmt_ratio(r['ratio'])} | {met} | "
-                     f"{r['note']} |")  # fmt: skip
+        met = {True: "**yes**", False: "**no**", None: "-"}[r["met"]]
+        lines.append(
+            f"| {r['target']} | {r['value']} | {_fmt_ratio(r['ratio'])} | {met} | {r['note']} |"
+        )
     return lines
 
 
 def _stream_table(st: dict[str, Any]) -> list[str]:
-    lines = ["| target | streams | errors | TTFT p50 / p99 ms | gap p50 / p99 / max ms | "
-             "chunk delay p50 / p99 ms | events ≥ | bytes identical to direct |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| target | streams | errors | TTFT p50 / p99 ms | gap p50 / p99 / max ms | "
+        "chunk delay p50 / p99 ms | events ≥ | bytes identical to direct |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, r in st.items():
         same = "yes" if r["bytes_identical_to_direct"] else "no"
         lines.append(
@@ -256,21 +310,24 @@ def _rate_notes(rate: dict[str, Any], an: dict[str, Any]) -> list[str]:
         fail = r.get("fail_10ms")
         why = an.get(name, {}).get("rate_why", "")
         if fail:
-            lines.append(f"- **{name}**: first failing step {fail['rate']:g} rps: p99 "
-                         f"{fail['p99_ms']:.1f} ms, {fail['errors']} errors, gateway "
-                         f"{fail.get('gateway_cpu', 0):.2f} core, rig "
-                         f"{fail.get('client_cpu', 0) + fail.get('upstream_cpu', 0):.2f} core; "
-                         f"other processes {fail.get('cpu0_foreign', 0):.2f} core on CPU0, "
-                         f"{fail.get('cpu1_foreign', 0):.2f} on CPU1"
-                         + (f"; {why}" if why else "") + ".")  # fmt: skip
+            lines.append(
+                f"- **{name}**: first failing step {fail['rate']:g} rps: p99 "
+                f"{fail['p99_ms']:.1f} ms, {fail['errors']} errors, gateway "
+                f"{fail.get('gateway_cpu', 0):.2f} core, rig "
+                f"{fail.get('client_cpu', 0) + fail.get('upstream_cpu', 0):.2f} core; "
+                f"other processes {fail.get('cpu0_foreign', 0):.2f} core on CPU0, "
+                f"{fail.get('cpu1_foreign', 0):.2f} on CPU1" + (f"; {why}" if why else "") + "."
+            )
         elif why:
             lines.append(f"- **{name}**: {why}.")
     return lines
 
 
 def _admission_lines(adm: dict[str, Any]) -> list[str]:
-    lines = ["| backend | acquire + release p50 µs | p99 µs | saturated grants/s |",
-             "|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| backend | acquire + release p50 µs | p99 µs | saturated grants/s |",
+        "|---|---|---|---|",
+    ]
     for b in ("memory", "redis"):
         if b in adm:
             r = adm[b]
@@ -300,12 +357,13 @@ def _real_vllm_lines(rv: dict[str, Any]) -> list[str]:
 def markdown(res: dict[str, Any]) -> str:
     an = analyse(res)
     meta = res["meta"]
-    versions = ", ".join(f"{n} {t['version']}" for n, t in res.get("targets", {}).items()
-                         if t["version"])  # fmt: skip
+    versions = ", ".join(
+        f"{n} {t['version']}" for n, t in res.get("targets", {}).items() if t["version"]
+    )
     out = [
         "# gpupool benchmark results",
         "",
-        f"Run {meta['date']} on {meta['cpus']} × {meta['host_cpu']} (kernel {meta['kernel']}, "
+        f"Run {meta['date']} on {meta['cpus']} x {meta['host_cpu']} (kernel {meta['kernel']}, "
         f"Python {meta['python']}){', quick mode' if meta.get('quick') else ''}. "
         f"Versions: {versions}. Gateway under test alone on CPU{meta['pinning']['gateway']}; "
         f"upstream and load generator on CPU{meta['pinning']['upstream_and_client']}; niceness "
@@ -325,27 +383,121 @@ def markdown(res: dict[str, Any]) -> str:
     if res.get("rate"):
         out += ["", "## Highest rate: where each target stopped", "", *_rate_notes(res["rate"], an)]
     if res.get("stream"):
-        out += ["", "## Streaming (64 chunks, one every 20 ms upstream; 8 streams at a time)", "",
-                *_stream_table(res["stream"])]  # fmt: skip
+        out += [
+            "",
+            "## Streaming (64 chunks, one every 20 ms upstream; 8 streams at a time)",
+            "",
+            *_stream_table(res["stream"]),
+        ]
     if res.get("memory"):
-        out += ["", "## Idle streams", "", "| target | RSS idle MB | streams | RSS MB | KB/stream "
-                "| seconds to open | RSS after close MB |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+        out += [
+            "",
+            "## Idle streams",
+            "",
+            "| target | RSS idle MB | streams | RSS MB | KB/stream "
+            "| seconds to open | RSS after close MB |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for name, m in res["memory"].items():
             for level, lv in m["levels"].items():
-                out.append(f"| {name} | {m['rss_idle_mb']:.0f} | {lv['established']}/{level} | "
-                           f"{lv['rss_mb']:.0f} | {lv['kb_per_stream']:.1f} | {lv['open_s']} | "
-                           f"{m['rss_after_mb']:.0f} |")  # fmt: skip
+                out.append(
+                    f"| {name} | {m['rss_idle_mb']:.0f} | {lv['established']}/{level} | "
+                    f"{lv['rss_mb']:.0f} | {lv['kb_per_stream']:.1f} | {lv['open_s']} | "
+                    f"{m['rss_after_mb']:.0f} |"
+                )
     if res.get("admission"):
-        out += ["", "## gpupool admission queue (bench/bench_admission.py, on CPU1, Redis on CPU0)",
-                "", *_admission_lines(res["admission"])]  # fmt: skip
+        out += [
+            "",
+            "## gpupool admission queue (bench/bench_admission.py, on CPU1, Redis on CPU0)",
+            "",
+            *_admission_lines(res["admission"]),
+        ]
     if res.get("real_vllm"):
-        out += ["", "## Through real vLLM (CPU, tiny model)", "", *_real_vllm_lines(res["real_vllm"])]
+        out += [
+            "",
+            "## Through real vLLM (CPU, tiny model)",
+            "",
+            *_real_vllm_lines(res["real_vllm"]),
+        ]
     if res.get("profile"):
         out += ["", "## Profile", "", "See profile.md."]
     return "\n".join(out) + "\n"
 
 
 # ---- chart ----------------------------------------------------------------------------------
+
+COLORS = {"gpupool": "#1f77b4", "gpupool-redis": "#6baed6", "vllm-router": "#ff7f0e",
+          "sglang-router": "#2ca02c", "litellm": "#d62728", "direct": "#7f7f7f"}  # fmt: skip
+
+
+def _bars(ax: Any, labels: list[str], values: list[float], rig: list[bool], title: str,
+          unit: str) -> None:  # fmt: skip
+    xs = list(range(len(labels)))
+    drawn = ax.bar(xs, values, color=[COLORS.get(n, "#999") for n in labels], edgecolor="black")
+    for bar, mark in zip(drawn, rig, strict=False):
+        if mark:
+            bar.set_hatch("//")
+    ax.set_xticks(xs, labels, rotation=20, ha="right")
+    ax.set_title(title, fontsize=10)
+    ax.set_ylabel(unit)
+    ax.set_yscale("log")
+    for x, v in zip(xs, values, strict=False):
+        ax.annotate(f"{v:.3g}", (x, v), ha="center", va="bottom", fontsize=8)
+
+
+def _chart_latency(ax: Any, res: dict[str, Any], an: dict[str, Any]) -> None:
+    names = [n for n in res.get("targets", {}) if n != "direct" and "added_p50_ms" in an.get(n, {})]
+    if names:
+        _bars(ax, names, [max(1e-3, an[n]["added_p50_ms"]) for n in names],
+              ["latency" in an[n]["rig"] for n in names],
+              "Added latency p50, c=1, non-streaming (lower is better)", "ms")  # fmt: skip
+
+
+def _chart_rate(ax: Any, res: dict[str, Any], an: dict[str, Any]) -> None:
+    names = [n for n in res.get("targets", {}) if n in res.get("rate", {})]
+    if names:
+        _bars(ax, names, [max(1, res["rate"][n]["max_rps_10ms"]) for n in names],
+              [an[n].get("rig_rate", False) for n in names],
+              "Highest rate with p99 < 10 ms, no errors (higher is better)", "req/s")  # fmt: skip
+
+
+def _chart_stream(ax: Any, res: dict[str, Any], an: dict[str, Any]) -> None:
+    names = [
+        n for n in res.get("targets", {}) if n != "direct" and "added_gap_p99_ms" in an.get(n, {})
+    ]
+    if not names:
+        return
+    xs = list(range(len(names)))
+    series = (("added_ttft_ms", "added TTFT p50", "#4c72b0"),
+              ("added_gap_p99_ms", "added inter-chunk gap p99", "#dd8452"),
+              ("added_delay_p99_ms", "added per-chunk delay p99", "#55a868"))  # fmt: skip
+    for i, (key, label, color) in enumerate(series):
+        ax.bar([x + (i - 1) * 0.27 for x in xs], [an[n][key] for n in names], 0.27, label=label,
+               color=color)  # fmt: skip
+    ax.axhline(1.0, color="black", linestyle=":", linewidth=1)
+    ax.set_xticks(xs, names, rotation=20, ha="right")
+    ax.set_yscale("symlog", linthresh=1.0)
+    ax.set_ylabel("ms")
+    ax.set_title("Streaming, 64 chunks paced 20 ms (lower is better; dotted: 1 ms)", fontsize=10)
+    ax.legend(fontsize=8)
+
+
+def _chart_memory(ax: Any, res: dict[str, Any]) -> None:
+    mem = res.get("memory", {})
+    if not mem:
+        return
+    names = list(mem)
+    xs = list(range(len(names)))
+    for i, (key, label) in enumerate((("idle", "idle"), ("1000", "1,000 streams"),
+                                      ("5000", "5,000 streams"))):  # fmt: skip
+        vals = [mem[n]["rss_idle_mb"] if key == "idle"
+                else mem[n]["levels"].get(key, {}).get("rss_mb", 0) for n in names]  # fmt: skip
+        ax.bar([x + (i - 1) * 0.27 for x in xs], vals, 0.27, label=label)
+    ax.axhline(300, color="black", linestyle=":", linewidth=1)
+    ax.set_xticks(xs, names, rotation=20, ha="right")
+    ax.set_ylabel("MB RSS (gateway process tree)")
+    ax.set_title("Memory with idle open streams (dotted: 300 MB)", fontsize=10)
+    ax.legend(fontsize=8)
 
 
 def chart(res: dict[str, Any], path: Path) -> None:
@@ -355,75 +507,16 @@ def chart(res: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     an = analyse(res)
-    names = [n for n in res.get("targets", {}) if n != "direct"]
     fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
-    colors = {"gpupool": "#1f77b4", "gpupool-redis": "#6baed6", "vllm-router": "#ff7f0e",
-              "sglang-router": "#2ca02c", "litellm": "#d62728", "direct": "#7f7f7f"}  # fmt: skip
-
-    def bars(ax: Any, labels: list[str], values: list[float], rig: list[bool], title: str,
-             unit: str, log: bool = False) -> None:  # fmt: skip
-        xs = range(len(labels))
-        b = ax.bar(xs, values, color=[colors.get(n, "#999") for n in labels],
-                   hatch=None, edgecolor="black")  # fmt: skip
-        for bar, mark in zip(b, rig, strict=False):
-            if mark:
-                bar.set_hatch("//")
-        ax.set_xticks(list(xs), labels, rotation=20, ha="right")
-        ax.set_title(title, fontsize=10)
-        ax.set_ylabel(unit)
-        if log:
-            ax.set_yscale("log")
-        for x, v in zip(xs, values, strict=False):
-            ax.annotate(f"{v:.3g}", (x, v), ha="center", va="bottom", fontsize=8)
-
-    lat_names = [n for n in names if "added_p50_ms" in an.get(n, {})]
-    if lat_names:
-        vals = [max(1e-3, an[n]["added_p50_ms"]) for n in lat_names]
-        bars(axes[0][0], lat_names, vals, ["latency" in an[n]["rig"] for n in lat_names],
-             "Added latency p50, c=1, non-streaming (lower is better)", "ms", log=True)  # fmt: skip
-    rate_names = [n for n in res.get("targets", {}) if n in res.get("rate", {})]
-    if rate_names:
-        vals = [max(1, res["rate"][n]["max_rps_10ms"]) for n in rate_names]
-        bars(axes[0][1], rate_names, vals, [an[n].get("rig_rate", False) for n in rate_names],
-             "Highest rate with p99 < 10 ms, no errors (higher is better)", "req/s", log=True)  # fmt: skip
-    st_names = [n for n in names if "added_gap_p99_ms" in an.get(n, {})]
-    if st_names:
-        ax = axes[1][0]
-        xs = list(range(len(st_names)))
-        ttft = [an[n]["added_ttft_ms"] for n in st_names]
-        gap = [an[n]["added_gap_p99_ms"] for n in st_names]
-        ax.bar([x - 0.2 for x in xs], ttft, 0.4, label="added TTFT p50", color="#4c72b0")
-        ax.bar([x + 0.2 for x in xs], gap, 0.4, label="added inter-chunk p99", color="#dd8452")
-        ax.axhline(1.0, color="black", linestyle=":", linewidth=1)
-        ax.set_xticks(xs, st_names, rotation=20, ha="right")
-        ax.set_yscale("symlog", linthresh=1.0)
-        ax.set_ylabel("ms")
-        ax.set_title("Streaming, 64 chunks paced 20 ms (lower is better; dotted: 1 ms)", fontsize=10)
-        ax.legend(fontsize=8)
-    mem = res.get("memory", {})
-    if mem:
-        ax = axes[1][1]
-        mnames = list(mem)
-        xs = list(range(len(mnames)))
-        for i, (key, label) in enumerate((("idle", "idle"), ("1000", "1,000 streams"),
-                                          ("5000", "5,000 streams"))):  # fmt: skip
-            vals = []
-            for n in mnames:
-                lv = mem[n]["rss_idle_mb"] if key == "idle" else mem[n]["levels"].get(key, {}).get(
-                    "rss_mb", 0)  # fmt: skip
-                vals.append(lv)
-            ax.bar([x + (i - 1) * 0.27 for x in xs], vals, 0.27, label=label)
-        ax.axhline(300, color="black", linestyle=":", linewidth=1)
-        ax.set_xticks(xs, mnames, rotation=20, ha="right")
-        ax.set_ylabel("MB RSS (gateway process tree)")
-        ax.set_title("Memory with idle open streams (dotted: 300 MB)", fontsize=10)
-        ax.legend(fontsize=8)
+    _chart_latency(axes[0][0], res, an)
+    _chart_rate(axes[0][1], res, an)
+    _chart_stream(axes[1][0], res, an)
+    _chart_memory(axes[1][1], res)
     for ax in axes.flat:
         if not ax.has_data():
             ax.set_visible(False)
-    meta = res["meta"]
-    fig.suptitle(f"gpupool bench, {meta['date']}: gateway on 1 core (CPU1); hatched = rig-bound",
-                 fontsize=11)  # fmt: skip
+    title = f"gpupool bench, {res['meta']['date']}: gateway on 1 core (CPU1); hatched = rig-bound"
+    fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

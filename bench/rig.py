@@ -70,10 +70,13 @@ class Proc:
     def start(self) -> Proc:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                ["taskset", "-c", str(self.cpu), *self.argv], stdout=log,
-                stderr=subprocess.STDOUT, env={**os.environ, **self.env}, cwd=self.cwd,
+                ["taskset", "-c", str(self.cpu), *self.argv],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env},
+                cwd=self.cwd,
                 start_new_session=True,
-            )  # fmt: skip
+            )
         return self
 
     @property
@@ -121,7 +124,9 @@ def _children(pid: int) -> list[int]:
     with contextlib.suppress(OSError):
         for tid in os.listdir(f"/proc/{pid}/task"):
             with contextlib.suppress(OSError):
-                out += [int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+                out += [
+                    int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()
+                ]
     return out
 
 
@@ -207,8 +212,13 @@ def ensure_venv(name: str, spec: str, binary: str, log: Path) -> Path:
     print(f"  installing {spec} into {venv.relative_to(ROOT)} (once) ...", flush=True)
     with open(log, "ab") as out:
         subprocess.run(["python3", "-m", "venv", str(venv)], check=True, stdout=out, stderr=out)
-        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", spec], check=True,
-                       stdout=out, stderr=out, timeout=1200)  # fmt: skip
+        subprocess.run(
+            [str(venv / "bin" / "pip"), "install", "-q", spec],
+            check=True,
+            stdout=out,
+            stderr=out,
+            timeout=1200,
+        )
     if not exe.exists():
         raise RuntimeError(f"{spec} installed but {exe} is missing")
     return exe

@@ -29,8 +29,7 @@ from typing import Any
 import phases
 import report
 import uvloop
-from rig import BENCH, GATEWAY_CPU, PY, RIG_CPU, Proc, cpu_times, free_port
-from rig import pin_self, raise_nofile
+from rig import BENCH, GATEWAY_CPU, PY, RIG_CPU, Proc, cpu_times, free_port, pin_self, raise_nofile
 from targets import ALL, PEERS, Target, build
 
 RESULTS = BENCH / "results"
@@ -40,14 +39,26 @@ PHASES = ("latency", "stream", "memory", "rate", "admission", "real-vllm")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="Fewer rounds and shorter steps.")
-    p.add_argument("--only", default=",".join(["gpupool", "gpupool-redis", *PEERS]),
-                   help=f"Comma-separated targets besides `direct` (known: {', '.join(ALL)}).")  # fmt: skip
-    p.add_argument("--skip", default="", help=f"Comma-separated phases to skip ({', '.join(PHASES)}).")
+    p.add_argument(
+        "--only",
+        default=",".join(["gpupool", "gpupool-redis", *PEERS]),
+        help=f"Comma-separated targets besides `direct` (known: {', '.join(ALL)}).",
+    )
+    p.add_argument(
+        "--skip", default="", help=f"Comma-separated phases to skip ({', '.join(PHASES)})."
+    )
     p.add_argument("--skip-real-vllm", action="store_true", help="Same as --skip real-vllm.")
-    p.add_argument("--profile", action="store_true",
-                   help="Also profile gpupool under load with py-spy (.venv/bin/py-spy).")  # fmt: skip
-    p.add_argument("--nice", type=int, default=-10,
-                   help="Niceness of the rig and gateways (negative needs root; 0 to leave it).")  # fmt: skip
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="Also profile gpupool under load with py-spy (.venv/bin/py-spy).",
+    )
+    p.add_argument(
+        "--nice",
+        type=int,
+        default=-10,
+        help="Niceness of the rig and gateways (negative needs root; 0 to leave it).",
+    )
     p.add_argument("--out", type=Path, default=RESULTS, help="Where results are written.")
     args = p.parse_args(argv)
     args.targets = ["direct", *[n for n in args.only.split(",") if n and n != "direct"]]
@@ -70,20 +81,42 @@ def _nice(n: int) -> int:
 
 
 def _meta(args: argparse.Namespace, niceness: int) -> dict[str, Any]:
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), "?")  # fmt: skip
+    cpu = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ),
+        "?",
+    )
     return {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host_cpu": cpu, "cpus": os.cpu_count(),
-        "kernel": platform.release(), "python": platform.python_version(), "quick": args.quick,
-        "niceness": niceness, "pinning": {"gateway": GATEWAY_CPU, "upstream_and_client": RIG_CPU},
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "host_cpu": cpu,
+        "cpus": os.cpu_count(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "quick": args.quick,
+        "niceness": niceness,
+        "pinning": {"gateway": GATEWAY_CPU, "upstream_and_client": RIG_CPU},
         "loadavg_start": Path("/proc/loadavg").read_text().split()[:3],
-    }  # fmt: skip
+    }
 
 
 def _start_redis(tmp: Path) -> tuple[Proc, str]:
     port = free_port()
-    argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-            "--appendonly", "no", "--dir", str(tmp)]  # fmt: skip
+    argv = [
+        "redis-server",
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(tmp),
+    ]
     proc = Proc("redis", argv, RIG_CPU, tmp / "redis.log").start()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -96,8 +129,15 @@ def _start_redis(tmp: Path) -> tuple[Proc, str]:
 
 def _admission(redis_url: str, quick: bool) -> dict[str, Any]:
     """bench/bench_admission.py on the gateway core, Redis on the rig core."""
-    argv = ["taskset", "-c", str(GATEWAY_CPU), str(PY), str(BENCH / "bench_admission.py"),
-            "--redis-url", redis_url]  # fmt: skip
+    argv = [
+        "taskset",
+        "-c",
+        str(GATEWAY_CPU),
+        str(PY),
+        str(BENCH / "bench_admission.py"),
+        "--redis-url",
+        redis_url,
+    ]
     if quick:
         argv += ["--iterations", "2000", "--seconds", "1"]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
@@ -112,7 +152,9 @@ def _admission(redis_url: str, quick: bool) -> dict[str, Any]:
 
 def _real_vllm(tmp: Path, quick: bool, niceness: int) -> dict[str, Any]:
     out = tmp / "real_vllm.json"
-    argv = [str(PY), str(BENCH / "real_vllm.py"), "--json", str(out)] + (["--quick"] if quick else [])
+    argv = [str(PY), str(BENCH / "real_vllm.py"), "--json", str(out)] + (
+        ["--quick"] if quick else []
+    )
     r = subprocess.run(argv, timeout=1200)
     if r.returncode or not out.exists():
         return {"error": f"bench/real_vllm.py exited {r.returncode}"}
@@ -126,53 +168,59 @@ def _phase(name: str, args: argparse.Namespace) -> bool:
     return True
 
 
-def _run_targets(args: argparse.Namespace, plan: phases.Plan, tmp: Path, res: dict[str, Any]) -> None:
-    upstream_port = free_port()
-    upstream = Proc("upstream", [str(PY), str(BENCH / "upstream.py"), "--port", str(upstream_port),
-                                 "--pace-ms", "20", "--idle-s", "20"], RIG_CPU, tmp / "upstream.log")  # fmt: skip
+def _measure(args: argparse.Namespace, plan: phases.Plan, targets: list[Target],
+             rig: dict[str, int], redis_url: str | None, res: dict[str, Any]) -> None:  # fmt: skip
+    """Every phase over the running targets, in an order that leaves the heaviest for last."""
+    if _phase("latency", args):
+        res["latency"] = uvloop.run(phases.latency(targets, plan))
+        report.print_latency(res["latency"])
+    if _phase("stream", args):
+        streamers = [t for t in targets if t.name != "gpupool-redis"]
+        res["stream"] = uvloop.run(phases.streaming(streamers, plan))
+        report.print_stream(res["stream"])
+    if _phase("memory", args):
+        held = [t for t in targets if t.pid is not None and t.name != "gpupool-redis"]
+        res["memory"] = {t.name: uvloop.run(phases.idle_memory(t, plan)) for t in held}
+    if _phase("rate", args):
+        res["rate"] = uvloop.run(phases.max_rate(targets, plan, rig))
+        report.print_rate(res["rate"])
+    if _phase("admission", args) and redis_url:
+        res["admission"] = _admission(redis_url, args.quick)
+        print(res["admission"].get("raw", ""), flush=True)
+    gp = next((t for t in targets if t.name == "gpupool"), None)
+    if args.profile and gp is not None and gp.pid is not None:
+        import profile_gateway
+
+        print("\n== profile (py-spy)", flush=True)
+        best = res.get("rate", {}).get("gpupool", {}).get("max_rps_10ms") or 500
+        res["profile"] = profile_gateway.run(gp.pid, gp.port, args.out, best, args.quick)
+
+
+def _run_targets(
+    args: argparse.Namespace, plan: phases.Plan, tmp: Path, res: dict[str, Any]
+) -> None:
+    port = free_port()
+    argv = [str(PY), str(BENCH / "upstream.py"), "--port", str(port), "--pace-ms", "20",
+            "--idle-s", "20"]  # fmt: skip
+    upstream = Proc("upstream", argv, RIG_CPU, tmp / "upstream.log")
     procs: list[Proc] = [upstream.start()]
     targets: list[Target] = []
     try:
-        upstream.wait_http(f"http://127.0.0.1:{upstream_port}/health", 30)
+        upstream.wait_http(f"http://127.0.0.1:{port}/health", 30)
         redis_url = None
         if "gpupool-redis" in args.targets or "admission" not in args.skipped:
             redis, redis_url = _start_redis(tmp)
             procs.append(redis)
-        targets = build(args.targets, upstream_port, tmp, tmp, redis_url)
-        print("starting: " + ", ".join(f"{t.name} {t.version}".strip() for t in targets), flush=True)
+        targets = build(args.targets, port, tmp, tmp, redis_url)
+        names = ", ".join(f"{t.name} {t.version}".strip() for t in targets)
+        print(f"starting: {names}", flush=True)
         for t in targets:
             t.start()
         for t in targets:
             t.wait(240)
-        res["targets"] = {t.name: {"version": t.version, "note": t.note, "port": t.port}
-                          for t in targets}  # fmt: skip
+        res["targets"] = {t.name: {"version": t.version, "note": t.note} for t in targets}
         rig = {"client": os.getpid(), "upstream": upstream.pid}
-        if _phase("latency", args):
-            res["latency"] = uvloop.run(phases.latency(targets, plan))
-            report.print_latency(res["latency"])
-        if _phase("stream", args):
-            streamers = [t for t in targets if t.name != "gpupool-redis"]
-            res["stream"] = uvloop.run(phases.streaming(streamers, plan))
-            report.print_stream(res["stream"])
-        if _phase("memory", args):
-            res["memory"] = {}
-            for t in targets:
-                if t.pid is not None and t.name != "gpupool-redis":
-                    res["memory"][t.name] = uvloop.run(phases.idle_memory(t, plan))
-        if _phase("rate", args):
-            res["rate"] = uvloop.run(phases.max_rate(targets, plan, rig))
-            report.print_rate(res["rate"])
-        if _phase("admission", args) and redis_url:
-            res["admission"] = _admission(redis_url, args.quick)
-            print(res["admission"].get("raw", ""), flush=True)
-        if args.profile:
-            import profile_gateway
-
-            gp = next((t for t in targets if t.name == "gpupool"), None)
-            if gp is not None:
-                print("\n== profile (py-spy)", flush=True)
-                best = res.get("rate", {}).get("gpupool", {}).get("max_rps_10ms") or 500
-                res["profile"] = profile_gateway.run(gp.pid or 0, gp.port, args.out, best, args.quick)
+        _measure(args, plan, targets, rig, redis_url, res)
     finally:
         for t in targets:
             t.stop()
@@ -205,8 +253,11 @@ def main(argv: list[str] | None = None) -> None:
     res["meta"]["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]
     res["meta"]["total_s"] = round(time.monotonic() - began, 1)
     report.write(res, args.out)
-    print(f"\nwrote {args.out}/results.md, results.json, chart.png "
-          f"({res['meta']['total_s']:.0f} s in all)", flush=True)  # fmt: skip
+    print(
+        f"\nwrote {args.out}/results.md, results.json, chart.png "
+        f"({res['meta']['total_s']:.0f} s in all)",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

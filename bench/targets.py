@@ -7,12 +7,12 @@ the same upstream. Peers live in their own virtual environments under ``bench/.v
 from __future__ import annotations
 
 import secrets
-from importlib import metadata
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 
 import yaml
-from rig import GATEWAY_CPU, PY, ROOT, Proc, ensure_venv, free_port, pip_version
+from rig import GATEWAY_CPU, PY, Proc, ensure_venv, free_port, pip_version
 
 MODELS = ("fast", "paced", "idle")
 PEERS = ("vllm-router", "sglang-router", "litellm")
@@ -53,11 +53,22 @@ def _gpupool(name: str, upstream: int, tmp: Path, redis_url: str | None) -> Targ
     if redis_url:
         queue = {**queue, "backend": "redis", "redis_url": redis_url, "redis_prefix": "bench"}
     cfg = {
-        "server": {"host": "127.0.0.1", "port": port, "access_log": False,
-                   "state_dir": str(tmp / f"{name}-state")},  # fmt: skip
+        "server": {
+            "host": "127.0.0.1",
+            "port": port,
+            "access_log": False,
+            "state_dir": str(tmp / f"{name}-state"),
+        },
         "models": [{"name": m} for m in MODELS],
-        "workers": [{"name": f"up-{m}", "model": m, "url": f"http://127.0.0.1:{upstream}",
-                     "max_inflight": 100_000} for m in MODELS],  # fmt: skip
+        "workers": [
+            {
+                "name": f"up-{m}",
+                "model": m,
+                "url": f"http://127.0.0.1:{upstream}",
+                "max_inflight": 100_000,
+            }
+            for m in MODELS
+        ],
         "queue": queue,
     }
     path = tmp / f"{name}.yaml"
@@ -65,21 +76,42 @@ def _gpupool(name: str, upstream: int, tmp: Path, redis_url: str | None) -> Targ
     argv = [str(PY), "-m", "gpupool", "serve", "--config", str(path)]
     proc = Proc(name, argv, GATEWAY_CPU, tmp / f"{name}.log")
     queue_note = "Redis queue backend" if redis_url else "memory queue backend"
-    return Target(name, port, metadata.version("gpupool"), proc=proc, ready_path="/ready",
-                  note=f"1 process, uvloop + httptools, {queue_note}")  # fmt: skip
+    return Target(
+        name,
+        port,
+        metadata.version("gpupool"),
+        proc=proc,
+        ready_path="/ready",
+        note=f"1 process, uvloop + httptools, {queue_note}",
+    )
 
 
 def _rust_router(name: str, upstream: int, tmp: Path, logs: Path) -> Target:
     exe = ensure_venv(name, name, name, logs / f"install-{name}.log")
     port = free_port()
     argv = [str(exe)] + (["launch"] if name == "sglang-router" else [])
-    argv += ["--host", "127.0.0.1", "--port", str(port),
-             "--worker-urls", f"http://127.0.0.1:{upstream}", "--policy", "round_robin",
-             "--prometheus-port", str(free_port()),
-             "--log-level", "warn" if name == "sglang-router" else "warning"]  # fmt: skip
+    argv += [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--worker-urls",
+        f"http://127.0.0.1:{upstream}",
+        "--policy",
+        "round_robin",
+        "--prometheus-port",
+        str(free_port()),
+        "--log-level",
+        "warn" if name == "sglang-router" else "warning",
+    ]
     proc = Proc(name, argv, GATEWAY_CPU, tmp / f"{name}.log")
-    return Target(name, port, pip_version(exe, name), proc=proc,
-                  note="Rust; round_robin; 1 core (its runtime sees one CPU)")  # fmt: skip
+    return Target(
+        name,
+        port,
+        pip_version(exe, name),
+        proc=proc,
+        note="Rust; round_robin; 1 core (its runtime sees one CPU)",
+    )
 
 
 def _litellm(upstream: int, tmp: Path, logs: Path) -> Target:
@@ -88,21 +120,47 @@ def _litellm(upstream: int, tmp: Path, logs: Path) -> Target:
     key = "sk-bench-" + secrets.token_hex(8)
     cfg = {
         "model_list": [
-            {"model_name": m, "litellm_params": {"model": f"openai/{m}", "api_key": "none",
-                                                 "api_base": f"http://127.0.0.1:{upstream}/v1"}}
+            {
+                "model_name": m,
+                "litellm_params": {
+                    "model": f"openai/{m}",
+                    "api_key": "none",
+                    "api_base": f"http://127.0.0.1:{upstream}/v1",
+                },
+            }
             for m in MODELS
-        ],  # fmt: skip
+        ],
         "general_settings": {"master_key": key},
         "litellm_settings": {"telemetry": False},
     }
     path = tmp / "litellm.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    argv = [str(exe), "--config", str(path), "--host", "127.0.0.1", "--port", str(port),
-            "--num_workers", "1"]  # fmt: skip
-    env = {"LITELLM_MASTER_KEY": key, "LITELLM_LOG": "ERROR", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    argv = [
+        str(exe),
+        "--config",
+        str(path),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--num_workers",
+        "1",
+    ]
+    env = {
+        "LITELLM_MASTER_KEY": key,
+        "LITELLM_LOG": "ERROR",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    }
     proc = Proc("litellm", argv, GATEWAY_CPU, tmp / "litellm.log", env=env, cwd=tmp)
-    return Target("litellm", port, pip_version(exe, "litellm"), {"authorization": f"Bearer {key}"},
-                  proc, "/health/liveliness", "Python; 1 uvicorn worker; master key; no database")  # fmt: skip
+    return Target(
+        "litellm",
+        port,
+        pip_version(exe, "litellm"),
+        {"authorization": f"Bearer {key}"},
+        proc,
+        "/health/liveliness",
+        "Python; 1 uvicorn worker; master key; no database",
+    )
 
 
 def build(
@@ -123,4 +181,3 @@ def build(
         else:
             raise SystemExit(f"unknown target {name!r} (known: {', '.join(ALL)})")
     return out
-

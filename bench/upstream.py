@@ -62,8 +62,13 @@ def _event(model: str, i: int) -> bytes:
     choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
     if i == CHUNKS - 1:
         choice = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length"}
-    obj = {"id": COMPLETION_ID, "object": "chat.completion.chunk", "created": CREATED,
-           "model": model, "choices": [choice]}  # fmt: skip
+    obj = {
+        "id": COMPLETION_ID,
+        "object": "chat.completion.chunk",
+        "created": CREATED,
+        "model": model,
+        "choices": [choice],
+    }
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
@@ -84,7 +89,11 @@ def _completion(model: str) -> bytes:
                     "stop_reason": None,
                 }
             ],
-            "usage": {"prompt_tokens": 12, "total_tokens": 12 + CHUNKS, "completion_tokens": CHUNKS},
+            "usage": {
+                "prompt_tokens": 12,
+                "total_tokens": 12 + CHUNKS,
+                "completion_tokens": CHUNKS,
+            },
         }
     )
 
@@ -108,8 +117,18 @@ class Canned:
         self.completion = {m: _completion(m) for m in MODELS}
         self.events = {m: [_chunk(_event(m, i)) for i in range(CHUNKS)] for m in MODELS}
         self.stream = {m: SSE_HEAD + b"".join(self.events[m]) + DONE for m in MODELS}
-        cards = [{"id": m, "object": "model", "created": CREATED, "owned_by": "vllm",
-                  "root": m, "parent": None, "max_model_len": 32768} for m in MODELS]  # fmt: skip
+        cards = [
+            {
+                "id": m,
+                "object": "model",
+                "created": CREATED,
+                "owned_by": "vllm",
+                "root": m,
+                "parent": None,
+                "max_model_len": 32768,
+            }
+            for m in MODELS
+        ]
         metrics = "".join(
             f'vllm:{g}{{model_name="{m}"}} 0.0\n'
             for m in MODELS
@@ -206,7 +225,11 @@ async def serve(port: int, pace_s: float, idle_s: float) -> None:
     canned = Canned()
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
-        lambda: Upstream(canned, pace_s, idle_s), "127.0.0.1", port, backlog=8192, reuse_address=True
+        lambda: Upstream(canned, pace_s, idle_s),
+        "127.0.0.1",
+        port,
+        backlog=8192,
+        reuse_address=True,
     )
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -43,6 +43,8 @@ from gpupool.gateway.upstream.client import UpstreamClient, UpstreamFailure, Ups
 from gpupool.workers.registry import Registry, Worker, WorkerState
 
 _LIVE = (WorkerState.starting, WorkerState.warming, WorkerState.ready)
+# vLLM's 400s for a prompt its window cannot hold (too long; or exactly the window, no room left)
+_CONTEXT_MARKERS = (b"maximum context length", b"decoder prompt", b"must be at least 1, got 0")
 _QUEUED_PROBE_S = 0.05  # a stream not admitted by then is told it is queued
 # Bytes that any media part must contain (`\u` covers JSON-escaped spellings of them).
 _MEDIA_MARKERS = (b"image", b"video", b"audio", b"\\u")
@@ -280,7 +282,7 @@ class Proxy:
     def _retryable(self, status: int, data: bytes, worker: Worker, a: Attempt) -> str | None:
         if status >= 500:
             return f"status {status}"
-        if status == 400 and (b"maximum context length" in data or b"decoder prompt" in data):
+        if status == 400 and any(m in data for m in _CONTEXT_MARKERS):
             a.route = RouteRequest(
                 a.route.model, max(a.route.prompt_tokens, (worker.window or 0)), True,
                 a.route.max_tokens, a.route.image, a.route.video, a.route.audio,
