@@ -332,7 +332,11 @@ class IdleStreams:
         return sum(
             1
             for c in self.conns
-            if not c.closed and c.first is not None and c.first.done() and c.first.result()
+            if not c.closed
+            and c.first is not None
+            and c.first.done()
+            and not c.first.cancelled()
+            and c.first.result()
         )
 
     async def open(self, n: int, deadline_s: float, parallel: int = 200) -> int:
@@ -355,8 +359,10 @@ class IdleStreams:
                 self.conns.append(conn)
                 conn.first = asyncio.get_running_loop().create_future()
                 conn.send(self.req, lambda c, a: None)
-                try:
-                    ok = await asyncio.wait_for(conn.first, max(0.1, deadline - now()))
+                try:  # shielded: a late first event still counts the stream as open
+                    ok = await asyncio.wait_for(
+                        asyncio.shield(conn.first), max(0.1, deadline - now())
+                    )
                 except TimeoutError:
                     ok = False
                 if ok:

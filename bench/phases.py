@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import loadgen
-from rig import CpuMeter, rss_bytes
+from rig import CpuMeter, alone, rss_bytes
 from targets import Target
 
 PATH = "/v1/chat/completions"
@@ -37,6 +37,10 @@ def pct(values: Sequence[float], q: float) -> float:
 def rotate(targets: list[Target], k: int) -> list[Target]:
     k %= len(targets)
     return targets[k:] + targets[:k]
+
+
+def _pids(targets: list[Target]) -> list[int]:
+    return [t.pid for t in targets if t.pid is not None]
 
 
 def _req(t: Target, model: str, stream: bool) -> bytes:
@@ -103,11 +107,15 @@ class Plan:
 async def latency(targets: list[Target], plan: Plan) -> dict[str, Any]:
     samples: dict[str, list[float]] = {t.name: [] for t in targets}
     round_p50: dict[str, list[float]] = {t.name: [] for t in targets}
+    everyone = _pids(targets)
     for t in targets:
-        await loadgen.sequential(t.port, _req(t, "fast", False), plan.c1_warmup)
+        with alone(t.pid, everyone):
+            await loadgen.sequential(t.port, _req(t, "fast", False), plan.c1_warmup)
     for r in range(plan.rounds):
         for t in rotate(targets, r):
-            lat = await loadgen.sequential(t.port, _req(t, "fast", False), plan.c1_requests)
+            with alone(t.pid, everyone):
+                await loadgen.sequential(t.port, _req(t, "fast", False), 20)  # after the pause
+                lat = await loadgen.sequential(t.port, _req(t, "fast", False), plan.c1_requests)
             samples[t.name] += lat
             round_p50[t.name].append(statistics.median(lat))
     return {
@@ -137,12 +145,14 @@ async def streaming(targets: list[Target], plan: Plan) -> dict[str, Any]:
     events: dict[str, list[int]] = {t.name: [] for t in targets}
     bodies: dict[str, set[bytes]] = {t.name: set() for t in targets}
     stagger = 0.020 / plan.stream_concurrency
+    everyone = _pids(targets)
     for r in range(plan.stream_rounds):
         for t in rotate(targets, r):
             req = _req(t, "paced", True)
-            out = await loadgen.streams(
-                t.port, req, plan.streams_per_round, plan.stream_concurrency, stagger
-            )
+            with alone(t.pid, everyone):
+                out = await loadgen.streams(
+                    t.port, req, plan.streams_per_round, plan.stream_concurrency, stagger
+                )
             for a in out:
                 if a is None or a.status != 200 or not a.events:
                     errors[t.name] += 1
@@ -174,8 +184,13 @@ async def streaming(targets: list[Target], plan: Plan) -> dict[str, Any]:
 # ---- idle streams ---------------------------------------------------------------------------
 
 
-async def idle_memory(t: Target, plan: Plan) -> dict[str, Any]:
-    """Gateway RSS with N open streams that receive a chunk every ~20 s."""
+async def idle_memory(t: Target, plan: Plan, everyone: list[int]) -> dict[str, Any]:
+    """Gateway RSS with N open streams that receive a chunk every ~20 s (others paused)."""
+    with alone(t.pid, everyone):
+        return await _idle_memory(t, plan)
+
+
+async def _idle_memory(t: Target, plan: Plan) -> dict[str, Any]:
     assert t.pid is not None
     out: dict[str, Any] = {"rss_idle_mb": rss_bytes(t.pid) / 2**20, "levels": {}}
     held = loadgen.IdleStreams(t.port, _req(t, "idle", True))
@@ -234,11 +249,15 @@ def _step_summary(step: loadgen.Step, meter: dict[str, float], bounds: Sequence[
     }
 
 
-async def _one_step(t: Target, plan: Plan, rate: float, rig: dict[str, int]) -> dict[str, Any]:
+async def _one_step(
+    t: Target, plan: Plan, rate: float, rig: dict[str, int], everyone: list[int]
+) -> dict[str, Any]:
     seconds = min(8.0, max(plan.step_s, plan.step_min_requests / rate))
-    meter = CpuMeter(rig | ({"gateway": t.pid} if t.pid else {}))
-    step = await loadgen.open_loop(t.port, _req(t, "fast", False), rate, seconds)
-    res = _step_summary(step, meter.read(), plan.bounds_ms)
+    with alone(t.pid, everyone):
+        await loadgen.sequential(t.port, _req(t, "fast", False), 20)  # after the pause
+        meter = CpuMeter(rig | ({"gateway": t.pid} if t.pid else {}))
+        step = await loadgen.open_loop(t.port, _req(t, "fast", False), rate, seconds)
+        res = _step_summary(step, meter.read(), plan.bounds_ms)
     await asyncio.sleep(0.3)
     return res
 
@@ -249,12 +268,13 @@ async def max_rate(targets: list[Target], plan: Plan, rig: dict[str, int]) -> di
     loosest = str(max(plan.bounds_ms))
     steps: dict[str, list[dict[str, Any]]] = {t.name: [] for t in targets}
     active = list(targets)
+    everyone = _pids(targets)
     for k, rate in enumerate(plan.rates):
         for t in rotate(active, k):
-            res = await _one_step(t, plan, rate, rig)
+            res = await _one_step(t, plan, rate, rig, everyone)
             if not res["pass"][loosest]:
                 res["retried"] = True
-                res = await _one_step(t, plan, rate, rig)
+                res = await _one_step(t, plan, rate, rig, everyone)
             steps[t.name].append(res)
             print(
                 f"    {t.name:>14} {rate:>6} rps: p99 {res['p99_ms']:8.2f} ms, "

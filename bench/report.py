@@ -26,7 +26,9 @@ def _f(x: float | None, digits: int = 2) -> str:
 
 
 def print_latency(lat: dict[str, Any]) -> None:
-    d = lat.get("direct", {})
+    d = lat.get("direct")
+    if not d:
+        return
     for name, r in lat.items():
         added = ""
         if name != "direct":
@@ -421,6 +423,9 @@ def markdown(res: dict[str, Any]) -> str:
         ]
     if res.get("profile"):
         out += ["", "## Profile", "", "See profile.md."]
+    if res.get("errors"):
+        out += ["", "## Phases that failed", ""]
+        out += [f"- {name}: `{msg[:300]}`" for name, msg in res["errors"].items()]
     return "\n".join(out) + "\n"
 
 

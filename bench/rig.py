@@ -14,6 +14,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -101,6 +102,7 @@ class Proc:
         if self.proc is None or self.proc.poll() is not None:
             return
         with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGCONT)  # it may be paused (see `alone`)
             os.killpg(self.proc.pid, signal.SIGTERM)
         try:
             self.proc.wait(timeout=15)
@@ -114,6 +116,23 @@ class Proc:
             return self.log.read_text(errors="replace")[-n:]
         except OSError:
             return ""
+
+
+@contextlib.contextmanager
+def alone(pid: int | None, everyone: list[int]) -> Iterator[None]:
+    """Pause (SIGSTOP) every other gateway's process group so that ``pid`` has CPU1 to itself:
+    an idle gateway's background work (health checks, schedulers) must not land in another's
+    figures. ``pid`` None: the upstream is measured directly, every gateway is paused."""
+    others = [p for p in everyone if p != pid]
+    for p in others:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for p in others:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p, signal.SIGCONT)
 
 
 # ---- /proc ----------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -168,32 +169,50 @@ def _phase(name: str, args: argparse.Namespace) -> bool:
     return True
 
 
+def _guarded(name: str, res: dict[str, Any], fn: Callable[[], Any]) -> None:
+    """Run one phase; a failure is recorded in the results and the run goes on."""
+    try:
+        res[name] = fn()
+    except Exception as e:
+        print(f"  phase {name} failed: {type(e).__name__}: {e}", flush=True)
+        res.setdefault("errors", {})[name] = f"{type(e).__name__}: {e}"
+
+
+def _memory(targets: list[Target], plan: phases.Plan) -> dict[str, Any]:
+    held = [t for t in targets if t.pid is not None and t.name != "gpupool-redis"]
+    everyone = [t.pid for t in targets if t.pid is not None]
+    return {t.name: uvloop.run(phases.idle_memory(t, plan, everyone)) for t in held}
+
+
 def _measure(args: argparse.Namespace, plan: phases.Plan, targets: list[Target],
              rig: dict[str, int], redis_url: str | None, res: dict[str, Any]) -> None:  # fmt: skip
     """Every phase over the running targets, in an order that leaves the heaviest for last."""
+    streamers = [t for t in targets if t.name != "gpupool-redis"]
     if _phase("latency", args):
-        res["latency"] = uvloop.run(phases.latency(targets, plan))
-        report.print_latency(res["latency"])
+        _guarded("latency", res, lambda: uvloop.run(phases.latency(targets, plan)))
+        report.print_latency(res.get("latency", {}))
     if _phase("stream", args):
-        streamers = [t for t in targets if t.name != "gpupool-redis"]
-        res["stream"] = uvloop.run(phases.streaming(streamers, plan))
-        report.print_stream(res["stream"])
+        _guarded("stream", res, lambda: uvloop.run(phases.streaming(streamers, plan)))
+        report.print_stream(res.get("stream", {}))
     if _phase("memory", args):
-        held = [t for t in targets if t.pid is not None and t.name != "gpupool-redis"]
-        res["memory"] = {t.name: uvloop.run(phases.idle_memory(t, plan)) for t in held}
+        _guarded("memory", res, lambda: _memory(targets, plan))
     if _phase("rate", args):
-        res["rate"] = uvloop.run(phases.max_rate(targets, plan, rig))
-        report.print_rate(res["rate"])
+        _guarded("rate", res, lambda: uvloop.run(phases.max_rate(targets, plan, rig)))
+        report.print_rate(res.get("rate", {}))
     if _phase("admission", args) and redis_url:
-        res["admission"] = _admission(redis_url, args.quick)
-        print(res["admission"].get("raw", ""), flush=True)
+        _guarded("admission", res, lambda: _admission(redis_url, args.quick))
+        print(res.get("admission", {}).get("raw", ""), flush=True)
     gp = next((t for t in targets if t.name == "gpupool"), None)
     if args.profile and gp is not None and gp.pid is not None:
         import profile_gateway
 
         print("\n== profile (py-spy)", flush=True)
         best = res.get("rate", {}).get("gpupool", {}).get("max_rps_10ms") or 500
-        res["profile"] = profile_gateway.run(gp.pid, gp.port, args.out, best, args.quick)
+        pid, port = gp.pid, gp.port
+        with alone(pid, [t.pid for t in targets if t.pid is not None]):
+            _guarded(
+                "profile", res, lambda: profile_gateway.run(pid, port, args.out, best, args.quick)
+            )
 
 
 def _run_targets(
@@ -240,10 +259,12 @@ def main(argv: list[str] | None = None) -> None:
     res: dict[str, Any] = {"meta": _meta(args, niceness)}
     busy0 = sum(b for b, _ in cpu_times().values())
     print(f"gpupool bench: logs in {tmp}; results in {args.out}", flush=True)
+    res["meta"]["logs"] = str(tmp)
     try:
         _run_targets(args, plan, tmp, res)
-    finally:
-        res["meta"]["logs"] = str(tmp)
+    except (RuntimeError, TimeoutError, OSError, subprocess.SubprocessError) as e:
+        print(f"the gateway phases stopped: {type(e).__name__}: {e}", flush=True)
+        res.setdefault("errors", {})["targets"] = f"{type(e).__name__}: {str(e)[:2000]}"
     res["meta"]["bench_s"] = round(time.monotonic() - began, 1)
     busy1 = sum(b for b, _ in cpu_times().values())
     wall = max(1.0, time.monotonic() - began)

@@ -137,9 +137,15 @@ class UpstreamClient:
         """The control session (probes and scrapes)."""
         return self._for("")
 
-    def abort(self, origin: str) -> None:
-        """Cut every open connection to one worker: its in-flight requests fail at once."""
-        session = self._sessions.pop(origin, None)
+    @staticmethod
+    def origin(url: str) -> str:
+        """``scheme://host:port`` of a URL: the key of its connection pool."""
+        cut = url.find("/", url.find("//") + 2)
+        return url if cut < 0 else url[:cut]
+
+    def abort(self, url: str) -> None:
+        """Cut every open connection to a worker's origin: its in-flight requests fail at once."""
+        session = self._sessions.pop(self.origin(url), None)
         if session is not None:
             task = asyncio.ensure_future(session.close())
             self._closing.add(task)
@@ -157,7 +163,7 @@ class UpstreamClient:
         body: bytes | None,
         headers: Mapping[str, str],
     ) -> UpstreamResponse:
-        session = self._for(url[: url.find("/", 8)] if url.count("/") > 2 else url)
+        session = self._for(self.origin(url))
         try:
             resp = await session.request(method, url, data=body, headers=headers)
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
