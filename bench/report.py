@@ -88,6 +88,9 @@ def analyse(res: dict[str, Any]) -> dict[str, Any]:
                 a["rig"].append("gap")
         if name in rate:
             a.update(_rate_marks(name, rate[name], d_rate))
+            if name in lat and lat[name]["p50_ms"] >= 10.0:
+                a["rig_rate"] = False
+                a["rate_why"] = f"its c=1 p50 is already {lat[name]['p50_ms']:.1f} ms"
         if name in mem:
             a["memory"] = mem[name]
         out[name] = a
@@ -436,7 +439,7 @@ COLORS = {"gpupool": "#1f77b4", "gpupool-redis": "#6baed6", "vllm-router": "#ff7
 
 
 def _bars(ax: Any, labels: list[str], values: list[float], rig: list[bool], title: str,
-          unit: str) -> None:  # fmt: skip
+          unit: str, shown: list[float] | None = None) -> None:  # fmt: skip
     xs = list(range(len(labels)))
     drawn = ax.bar(xs, values, color=[COLORS.get(n, "#999") for n in labels], edgecolor="black")
     for bar, mark in zip(drawn, rig, strict=False):
@@ -446,8 +449,8 @@ def _bars(ax: Any, labels: list[str], values: list[float], rig: list[bool], titl
     ax.set_title(title, fontsize=10)
     ax.set_ylabel(unit)
     ax.set_yscale("log")
-    for x, v in zip(xs, values, strict=False):
-        ax.annotate(f"{v:.3g}", (x, v), ha="center", va="bottom", fontsize=8)
+    for x, v, text in zip(xs, values, shown or values, strict=False):
+        ax.annotate(f"{text:.4g}", (x, v), ha="center", va="bottom", fontsize=8)
 
 
 def _chart_latency(ax: Any, res: dict[str, Any], an: dict[str, Any]) -> None:
@@ -461,9 +464,10 @@ def _chart_latency(ax: Any, res: dict[str, Any], an: dict[str, Any]) -> None:
 def _chart_rate(ax: Any, res: dict[str, Any], an: dict[str, Any]) -> None:
     names = [n for n in res.get("targets", {}) if n in res.get("rate", {})]
     if names:
-        _bars(ax, names, [max(1, res["rate"][n]["max_rps_10ms"]) for n in names],
-              [an[n].get("rig_rate", False) for n in names],
-              "Highest rate with p99 < 10 ms, no errors (higher is better)", "req/s")  # fmt: skip
+        rates = [res["rate"][n]["max_rps_10ms"] for n in names]
+        rig = [an[n].get("rig_rate", False) for n in names]
+        title = "Highest rate with p99 < 10 ms, no errors (higher is better)"
+        _bars(ax, names, [max(1, r) for r in rates], rig, title, "req/s", rates)
 
 
 def _chart_stream(ax: Any, res: dict[str, Any], an: dict[str, Any]) -> None:
@@ -482,6 +486,7 @@ def _chart_stream(ax: Any, res: dict[str, Any], an: dict[str, Any]) -> None:
     ax.axhline(1.0, color="black", linestyle=":", linewidth=1)
     ax.set_xticks(xs, names, rotation=20, ha="right")
     ax.set_yscale("symlog", linthresh=1.0)
+    ax.set_ylim(bottom=-0.5)
     ax.set_ylabel("ms")
     ax.set_title("Streaming, 64 chunks paced 20 ms (lower is better; dotted: 1 ms)", fontsize=10)
     ax.legend(fontsize=8)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -222,22 +223,21 @@ class CpuMeter:
 
 
 def ensure_venv(name: str, spec: str, binary: str, log: Path) -> Path:
-    """``bench/.venvs/<name>`` with ``spec`` installed; returns the path of ``binary``."""
+    """``bench/.venvs/<name>`` with ``spec`` installed; returns the path of ``binary``.
+
+    A venv missing its interpreter or the binary (an interrupted install) is made again."""
     venv = VENVS / name
     exe = venv / "bin" / binary
-    if exe.exists():
+    if exe.exists() and (venv / "bin" / "python").exists():
         return exe
+    if venv.exists():
+        shutil.rmtree(venv)
     VENVS.mkdir(parents=True, exist_ok=True)
     print(f"  installing {spec} into {venv.relative_to(ROOT)} (once) ...", flush=True)
     with open(log, "ab") as out:
         subprocess.run(["python3", "-m", "venv", str(venv)], check=True, stdout=out, stderr=out)
-        subprocess.run(
-            [str(venv / "bin" / "pip"), "install", "-q", spec],
-            check=True,
-            stdout=out,
-            stderr=out,
-            timeout=1200,
-        )
+        pip = [str(venv / "bin" / "pip"), "install", "-q", spec]
+        subprocess.run(pip, check=True, stdout=out, stderr=out, timeout=1200)
     if not exe.exists():
         raise RuntimeError(f"{spec} installed but {exe} is missing")
     return exe

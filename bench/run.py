@@ -30,7 +30,18 @@ from typing import Any
 import phases
 import report
 import uvloop
-from rig import BENCH, GATEWAY_CPU, PY, RIG_CPU, Proc, cpu_times, free_port, pin_self, raise_nofile
+from rig import (
+    BENCH,
+    GATEWAY_CPU,
+    PY,
+    RIG_CPU,
+    Proc,
+    alone,
+    cpu_times,
+    free_port,
+    pin_self,
+    raise_nofile,
+)
 from targets import ALL, PEERS, Target, build
 
 RESULTS = BENCH / "results"
@@ -61,6 +72,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="Niceness of the rig and gateways (negative needs root; 0 to leave it).",
     )
     p.add_argument("--out", type=Path, default=RESULTS, help="Where results are written.")
+    p.add_argument(
+        "--render",
+        action="store_true",
+        help="Only write results.md and chart.png again from --out/results.json.",
+    )
     args = p.parse_args(argv)
     args.targets = ["direct", *[n for n in args.only.split(",") if n and n != "direct"]]
     args.skipped = {s for s in args.skip.split(",") if s}
@@ -249,6 +265,10 @@ def _run_targets(
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.render:
+        report.write(json.loads((args.out / "results.json").read_text()), args.out)
+        print(f"wrote {args.out}/results.md and chart.png", flush=True)
+        return
     began = time.monotonic()
     pin_self(RIG_CPU)
     raise_nofile()

@@ -227,7 +227,6 @@ class Proxy:
         if w is not None:
             w.inflight += 1
             w.requests_total += 1
-            self.metrics.inflight.labels(w.model, w.name).set(w.inflight)
         return lease
 
     def _release_orphan(self, task: asyncio.Future[Lease]) -> None:
@@ -241,7 +240,6 @@ class Proxy:
         w = self.registry.get(lease.worker)
         if w is not None:
             w.inflight = max(0, w.inflight - 1)
-            self.metrics.inflight.labels(w.model, w.name).set(w.inflight)
         await self.admission.release(lease)
 
     async def dispatch(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextvars
-import uuid
+import os
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -29,7 +29,7 @@ class RequestIdMiddleware:
                 rid = v[:128]
                 break
         if not rid:
-            rid = uuid.uuid4().hex.encode()
+            rid = os.urandom(16).hex().encode()
             scope["headers"] = [*scope["headers"], (b"x-request-id", rid)]
         scope.setdefault("state", {})["request_id"] = rid.decode("latin-1")
         token = current_request_id.set(rid.decode("latin-1"))
