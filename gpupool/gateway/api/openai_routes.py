@@ -96,9 +96,7 @@ def _generate(path: str, chat: bool) -> Endpoint:
         if svc.cfg.server.log_prompts:
             log.info("%s body: %s", path, raw[:8192].decode("utf-8", "replace"))
         server = svc.cfg.server
-        req = parse_generate(
-            raw, chat=chat, max_depth=server.max_json_depth, max_n=server.max_n
-        )
+        req = parse_generate(raw, chat=chat, max_depth=server.max_json_depth, max_n=server.max_n)
         _check_model_allowed(_principal(request), svc, req.model)
         ctx = context(request, req)
         reply = await _limited(svc, request, ctx, lambda: svc.proxy.generate(path, req, ctx))
