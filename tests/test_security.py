@@ -17,6 +17,7 @@ from tests.procs import gateway, redis_server, running, sim
 
 MODEL = "m"
 ADMIN, ALICE, BOB, LIMITED, SLOW = "sk-admin-1", "sk-alice-1", "sk-bob-1", "sk-lim-1", "sk-slow-1"
+TOKENS = "sk-tpm-1"
 
 
 def _h(key: str) -> str:
@@ -37,6 +38,7 @@ def _cfg(worker_url: str, **extra: Any) -> dict[str, Any]:
                 {"name": "bob", "sha256": _h(BOB), "models": ["other-model"]},
                 {"name": "limited", "sha256": _h(LIMITED), "rpm": 3},
                 {"name": "slow", "sha256": _h(SLOW), "max_concurrent": 1},
+                {"name": "tokens", "sha256": _h(TOKENS), "tpm": 40},
             ],
         },
         **extra,
@@ -202,3 +204,22 @@ def test_slowloris_connection_is_closed(tmp_path: Path) -> None:
             assert s.recv(100) == b""  # the gateway closed it
             assert time.monotonic() - t0 < 4
         assert httpx.get(g.url + "/health").status_code == 200
+
+
+def test_tokens_per_minute_counted_from_usage(gw: str) -> None:
+    codes = []
+    for stream in (False, True, False, True, False, True):
+        body = {
+            "model": MODEL,
+            "prompt": "one two three four five",
+            "max_tokens": 8,
+            "stream": stream,
+            "stream_options": {"include_usage": True} if stream else None,
+        }
+        r = httpx.post(gw + "/v1/completions", json=body,
+                       headers={"authorization": f"Bearer {TOKENS}"})  # fmt: skip
+        codes.append(r.status_code)
+        if r.status_code == 429:
+            assert "tokens per minute" in r.json()["error"]["message"]
+            break
+    assert codes[0] == 200 and codes[-1] == 429, codes

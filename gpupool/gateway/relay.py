@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
     from gpupool.gateway.proxy import Attempt, Context, Proxy
 
 _DONE = b"data: [DONE]\n\n"
+# vLLM's usage object: numbers, nulls and one level of nested *_details objects
+_USAGE = re.compile(rb'"usage":(\{(?:[^{}]|\{[^{}]*\})*\})')
 
 
 @dataclass(slots=True)
@@ -98,6 +101,9 @@ class Relay:
             await self.proxy.release(lease)
 
     async def _finish_body(self, plan: StreamPlan, lease: Lease, data: bytes) -> bytes:
+        if plan.transform is None:
+            self._body_usage(plan, lease, data)
+            return data
         try:
             obj = orjson.loads(data)
         except orjson.JSONDecodeError:
@@ -142,6 +148,14 @@ class Relay:
             return None
         count = orjson.loads(data).get("count") if resp.status == 200 else None
         return count if isinstance(count, int) else None
+
+    def _body_usage(self, plan: StreamPlan, lease: Lease, data: bytes) -> None:
+        """Read only the ``usage`` object of a body that passes through untouched."""
+        start = data.rfind(b'"usage":{')
+        found = _USAGE.match(data, start) if start >= 0 else None
+        if found is not None:
+            with contextlib.suppress(orjson.JSONDecodeError):
+                self._usage(plan, lease, orjson.loads(found.group(1)))
 
     # ---- streams ---------------------------------------------------------------------------
 

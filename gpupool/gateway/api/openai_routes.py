@@ -82,6 +82,8 @@ async def _limited(svc: Services, request: Request, ctx: Context, call: Call) ->
     except BaseException:
         await hold.close(0)
         raise
+    if hold.limits is None:
+        return reply  # no per-key limits: nothing to release, no extra layer on the stream
     if reply.stream is not None:
         reply.stream = close_after(reply.stream, hold, ctx.tokens)
     else:
