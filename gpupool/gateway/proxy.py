@@ -10,7 +10,6 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import orjson
 
@@ -98,9 +97,8 @@ class Proxy:
     async def generate(self, path: str, req: Generate, ctx: Context) -> Reply:
         model = self.catalog.resolve(req.model)
         body = self._rewrite(req, model)
-        if any(m in req.raw for m in _MEDIA_MARKERS):
-            await self._check_media(req.body, model)
-        route = await self._route_request(req, model)
+        media = await self._check_media(req, model)
+        route = await self._route_request(req, model, media)
         ticket = self._ticket(ctx, model, route, req.stream)
         attempt = Attempt(path, body, req.stream, model, route, ticket)
         topts = self._transform_opts(req, model)
@@ -136,13 +134,17 @@ class Proxy:
             changed = True
         return orjson.dumps(req.body) if changed else req.raw
 
-    async def _check_media(self, body: dict[str, Any], model: ModelConfig) -> None:
-        counts = multimodal.count_media(body)
+    async def _check_media(self, req: Generate, model: ModelConfig) -> multimodal.MediaCounts:
+        """Media counts (zero without any media marker in the bytes), after every media check."""
+        if not any(m in req.raw for m in _MEDIA_MARKERS):
+            return multimodal.MediaCounts(0, 0, 0)
+        counts = multimodal.count_media(req.body)
         multimodal.check_limits(counts, model.limits or self._worker_limits(model))
-        multimodal.check_media_policy(body, model)
-        urls = multimodal.extract_remote_urls(body)
+        multimodal.check_media_policy(req.body, model)
+        urls = multimodal.extract_remote_urls(req.body)
         if urls:
             await multimodal.check_remote_hosts(urls)
+        return counts
 
     def _worker_limits(self, model: ModelConfig) -> MediaLimits:
         """Without model limits: the most any of the model's workers admits (its launch flags)."""
@@ -174,11 +176,10 @@ class Proxy:
 
     # ---- routing ----------------------------------------------------------------------------
 
-    async def _route_request(self, req: Generate, model: ModelConfig) -> RouteRequest:
-        counts = (
-            multimodal.count_media(req.body) if any(m in req.raw for m in _MEDIA_MARKERS) else None
-        )
-        img, vid, aud = (counts.image, counts.video, counts.audio) if counts else (0, 0, 0)
+    async def _route_request(
+        self, req: Generate, model: ModelConfig, media: multimodal.MediaCounts
+    ) -> RouteRequest:
+        img, vid, aud = media.image, media.video, media.audio
         bound = upper_bound(req.raw)
         route = RouteRequest(model.name, bound, False, req.max_tokens, img, vid, aud,
                              req.prefix_key)  # fmt: skip
@@ -194,8 +195,7 @@ class Proxy:
         return RouteRequest(model.name, n, True, req.max_tokens, img, vid, aud, req.prefix_key)
 
     def _candidates(self, route: RouteRequest, model: ModelConfig) -> list[Worker]:
-        live = [w for w in self.registry.of_model(model.name) if w.state in _LIVE and w.url]
-        live += [w for w in self.registry.of_model(model.name) if w.state in _LIVE and not w.url]
+        live = [w for w in self.registry.of_model(model.name) if w.state in _LIVE]
         if not live:
             raise UpstreamUnavailable(f"No worker for model `{model.name}` is available.")
         decision = self.router.decide(route, live)

@@ -21,6 +21,7 @@ from gpupool.gateway.admission.base import Lease
 from gpupool.gateway.errors import GatewayError, UpstreamError
 from gpupool.gateway.metrics import Metrics
 from gpupool.gateway.reply import Reply
+from gpupool.gateway.tokens import tokenize_count
 from gpupool.gateway.transform.chat import (
     ChatStreamTransformer,
     TransformOptions,
@@ -139,15 +140,7 @@ class Relay:
 
     async def _tokens(self, url: str, model: object, text: str) -> int | None:
         req = {"model": model, "prompt": text, "add_special_tokens": False}
-        try:
-            resp = await self.proxy.client.open(
-                "POST", url + "/tokenize", orjson.dumps(req), {"content-type": "application/json"}
-            )
-            data = await resp.read()
-        except UpstreamFailure:
-            return None
-        count = orjson.loads(data).get("count") if resp.status == 200 else None
-        return count if isinstance(count, int) else None
+        return await tokenize_count(self.proxy.client, url, req)
 
     def _body_usage(self, plan: StreamPlan, lease: Lease, data: bytes) -> None:
         """Read only the ``usage`` object of a body that passes through untouched."""

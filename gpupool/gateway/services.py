@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpupool.config import ConfigError, load_config
 from gpupool.config.models import GpupoolConfig, ModelConfig, QueueBackend, WorkerConfig
 from gpupool.gateway.admission.base import Admission
-from gpupool.gateway.admission.factory import build_admission
+from gpupool.gateway.admission.factory import build_admission, new_replica_id
 from gpupool.gateway.catalog import Catalog
 from gpupool.gateway.errors import BadRequest
 from gpupool.gateway.metrics import Metrics
@@ -82,7 +79,7 @@ class Services:
     poller: RemotePoller
     supervisor: Supervisor
     key_limits: KeyLimits
-    replica_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    replica_id: str = field(default_factory=new_replica_id)
     restarts_seen: dict[str, int] = field(default_factory=dict)
     config_path: str | Path | None = None
 
@@ -175,7 +172,7 @@ def build_services(
     metrics = Metrics()
     server = cfg.server
     client = UpstreamClient(server.upstream_connect_timeout_s, server.upstream_read_timeout_s)
-    replica = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+    replica = new_replica_id()
     admission = admission or build_admission(cfg.queue, RegistryView(registry), replica)
     catalog = Catalog(cfg.models)
     router = Router(cfg.routing.affinity_max_load, cfg.routing.prefix_affinity)

@@ -41,8 +41,13 @@ async def exact_count(
     if not chat and isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
         return len(prompt)
     req = tokenize_body(body, model, chat)
-    if req is None:
-        return None
+    return None if req is None else await tokenize_count(client, worker_url, req)
+
+
+async def tokenize_count(
+    client: UpstreamClient, worker_url: str, req: dict[str, Any]
+) -> int | None:
+    """``count`` from the worker's ``/tokenize`` for ``req``, or None when it cannot tell."""
     try:
         resp = await client.open(
             "POST", f"{worker_url}/tokenize", orjson.dumps(req),
@@ -53,5 +58,8 @@ async def exact_count(
         return None
     if resp.status != 200:
         return None
-    count = orjson.loads(data).get("count")
+    try:
+        count = orjson.loads(data).get("count")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
     return count if isinstance(count, int) else None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 
@@ -41,8 +42,7 @@ class RemotePoller:
                 await t
         self._tasks = []
 
-    async def _loop(self, step: object, interval: float) -> None:
-        assert callable(step)
+    async def _loop(self, step: Callable[[], Awaitable[None]], interval: float) -> None:
         while True:
             await asyncio.sleep(interval)
             await step()
