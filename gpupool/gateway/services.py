@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from gpupool.gateway.proxy import Proxy
 from gpupool.gateway.routing.policy import Router
 from gpupool.gateway.security.limits import KeyLimits
 from gpupool.gateway.upstream.client import UpstreamClient
-from gpupool.ops.sd_file import sd_file_path, write_sd_file
+from gpupool.ops.sd_file import sd_file_path, sd_targets, write_sd_targets
 from gpupool.workers.gpus import discover_gpus
 from gpupool.workers.registry import MediaCaps, Registry, Worker, WorkerState
 from gpupool.workers.remote import RemotePoller
@@ -82,6 +83,9 @@ class Services:
     replica_id: str = field(default_factory=new_replica_id)
     restarts_seen: dict[str, int] = field(default_factory=dict)
     config_path: str | Path | None = None
+    _sd_writer: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="gpupool-sd")
+    )
 
     async def start(self) -> None:
         self.write_sd_file()
@@ -134,6 +138,7 @@ class Services:
         await self.poller.close()
         await self.admission.close()
         await self.client.close()
+        self._sd_writer.shutdown(wait=True)  # the last state reaches disk before we exit
 
     def on_worker_change(self, worker: Worker, old: WorkerState) -> None:
         self.metrics.worker_state(worker.model, worker.name, worker.state.value)
@@ -150,15 +155,20 @@ class Services:
         self.write_sd_file()
 
     def write_sd_file(self) -> None:
-        """Keep Prometheus' file-SD list of worker /metrics targets current (off the loop)."""
+        """Keep Prometheus' file-SD list of worker /metrics targets current (off the loop).
+
+        The entries are snapshotted here, on the loop, and written by one dedicated thread in
+        order: two writes on a shared pool could finish out of order and leave an older list
+        on disk (a restarted worker missing from Prometheus until the next change).
+        """
         path = sd_file_path(self.cfg.server.state_dir)
-        workers = list(self.registry)
+        targets = sd_targets(self.registry)
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            write_sd_file(path, workers)
+            write_sd_targets(path, targets)
             return
-        loop.run_in_executor(None, write_sd_file, path, workers)
+        loop.run_in_executor(self._sd_writer, write_sd_targets, path, targets)
 
 
 def build_services(

@@ -73,9 +73,18 @@ def write_sd_file(path: str | os.PathLike[str], workers: Iterable[Worker]) -> Pa
     on every change, so durability across a host crash does not matter, and this stays cheap
     enough to call from a registry listener. Returns the path written.
     """
+    return write_sd_targets(path, sd_targets(workers))
+
+
+def write_sd_targets(path: str | os.PathLike[str], targets: list[dict[str, Any]]) -> Path:
+    """Write already computed :func:`sd_targets` entries to ``path`` atomically.
+
+    Callers that write from another thread snapshot the entries first, so a write always
+    reflects the registry at the moment of the change, whatever thread runs it.
+    """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    data = json.dumps(sd_targets(workers), indent=2, sort_keys=True) + "\n"
+    data = json.dumps(targets, indent=2, sort_keys=True) + "\n"
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
