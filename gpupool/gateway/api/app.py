@@ -17,6 +17,7 @@ from gpupool.config.models import GpupoolConfig
 from gpupool.gateway.api import admin_routes, openai_routes
 from gpupool.gateway.api.endpoint import Endpoint, services
 from gpupool.gateway.api.errors import gateway_error, http_error, unexpected_error
+from gpupool.gateway.api.front import Front
 from gpupool.gateway.api.middleware import RequestIdMiddleware
 from gpupool.gateway.api.openapi import openapi_schema
 from gpupool.gateway.api.responses import ReplyResponse
@@ -55,10 +56,11 @@ def create_app(
     config_path: str | Path | None = None,
     svc: Services | None = None,
     on_services: Callable[[Services], None] | None = None,
-) -> Starlette:
-    """Build the gateway. ``svc`` lets tests pass services built with fakes.
+) -> Front:
+    """Build the gateway: the front door (``front.py``) in front of a Starlette app.
 
-    Services are built inside the lifespan, on the server's event loop.
+    ``svc`` lets tests pass services built with fakes. Services are built inside the lifespan,
+    on the server's event loop.
     """
 
     @contextlib.asynccontextmanager
@@ -90,4 +92,4 @@ def create_app(
         },
         lifespan=lifespan,
     )
-    return app
+    return Front(app, cfg)

@@ -13,6 +13,18 @@ from gpupool.gateway.errors import PayloadTooLarge
 current_request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
 
 
+def request_id_of(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """The client's ``x-request-id`` (at most 128 bytes), or ``b""``."""
+    for k, v in headers:
+        if k == b"x-request-id":
+            return v[:128]
+    return b""
+
+
+def new_request_id() -> bytes:
+    return os.urandom(16).hex().encode()
+
+
 class RequestIdMiddleware:
     """Every request has an ``x-request-id`` (the client's, or a new one), echoed back."""
 
@@ -23,13 +35,9 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        rid = b""
-        for k, v in scope["headers"]:
-            if k == b"x-request-id":
-                rid = v[:128]
-                break
+        rid = request_id_of(scope["headers"])
         if not rid:
-            rid = os.urandom(16).hex().encode()
+            rid = new_request_id()
             scope["headers"] = [*scope["headers"], (b"x-request-id", rid)]
         scope.setdefault("state", {})["request_id"] = rid.decode("latin-1")
         token = current_request_id.set(rid.decode("latin-1"))

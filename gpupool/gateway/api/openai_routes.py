@@ -1,8 +1,11 @@
-"""OpenAI-compatible routes: parse, call the proxy, return. Nothing else lives here."""
+"""OpenAI-compatible routes: parse, call the proxy, return. Nothing else lives here.
+
+The POST routes are plain ``handler(services, incoming, body) -> Reply`` functions, served by
+the front door without Starlette; only the model list goes through Starlette's router.
+"""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
@@ -11,59 +14,35 @@ from starlette.requests import Request
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from gpupool.gateway.api.endpoint import Endpoint, body, request_id, services
+from gpupool.gateway.api.endpoint import Endpoint, services
+from gpupool.gateway.api.incoming import Incoming
 from gpupool.gateway.api.responses import ReplyResponse
-from gpupool.gateway.errors import Forbidden, InvalidBody
+from gpupool.gateway.errors import Forbidden
 from gpupool.gateway.parse import Generate, parse_generate, parse_model_only
 from gpupool.gateway.proxy import Context
 from gpupool.gateway.reply import Reply
 from gpupool.gateway.security.keys import Principal
 from gpupool.gateway.security.limits import close_after
-from gpupool.gateway.upstream.client import forward_headers
 
 if TYPE_CHECKING:
     from gpupool.gateway.services import Services
 
 Call = Callable[[], Awaitable[Reply]]
+BodyHandler = Callable[["Services", Incoming, bytes], Awaitable[Reply]]
 log = logging.getLogger("gpupool.requests")
 
 
-def _header_number(request: Request, name: str) -> float | None:
-    value = request.headers.get(name)
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        raise InvalidBody(f"Header `{name}` must be a number.") from None
-
-
-def _tenant(request: Request) -> str:
-    state = request.scope.get("state", {})
-    if "tenant" in state:
-        return str(state["tenant"])
-    key = request.headers.get("authorization") or request.headers.get("x-api-key")
-    return hashlib.sha256(key.encode()).hexdigest()[:16] if key else "anonymous"
-
-
-def context(request: Request, req: Generate | None = None) -> Context:
-    rid = request_id(request)
-    prio = _header_number(request, "x-gpupool-priority")
+def context(incoming: Incoming, req: Generate | None = None) -> Context:
+    prio = incoming.number(b"x-gpupool-priority")
     priority = int(prio) if prio is not None else (req.priority if req and req.priority else 0)
-    state = request.scope.get("state", {})
-    lo, hi = state.get("priority_range", (None, None))
+    lo, hi = incoming.state.get("priority_range", (None, None))
     if lo is not None:
         priority = min(max(priority, lo), hi)
-    headers = forward_headers(request.headers)
+    headers = incoming.forward_headers()
     headers["content-type"] = "application/json"
-    headers["x-request-id"] = rid
-    return Context(rid, _tenant(request), priority, _header_number(request, "x-gpupool-max-wait"),
-                   headers)  # fmt: skip
-
-
-def _principal(request: Request) -> Principal | None:
-    p = request.scope.get("state", {}).get("principal")
-    return p if isinstance(p, Principal) else None
+    headers["x-request-id"] = incoming.request_id
+    max_wait = incoming.number(b"x-gpupool-max-wait")
+    return Context(incoming.request_id, incoming.tenant(), priority, max_wait, headers)
 
 
 def _check_model_allowed(principal: Principal | None, svc: Services, name: str | None) -> None:
@@ -74,9 +53,9 @@ def _check_model_allowed(principal: Principal | None, svc: Services, name: str |
         raise Forbidden(f"This key may not use model `{name or model.name}`.", param="model")
 
 
-async def _limited(svc: Services, request: Request, ctx: Context, call: Call) -> Reply:
+async def _limited(svc: Services, incoming: Incoming, ctx: Context, call: Call) -> Reply:
     """Run ``call`` under the caller's per-key limits (released when the reply ends)."""
-    hold = await svc.key_limits.admit(_principal(request))
+    hold = await svc.key_limits.admit(incoming.principal)
     try:
         reply = await call()
     except BaseException:
@@ -91,35 +70,40 @@ async def _limited(svc: Services, request: Request, ctx: Context, call: Call) ->
     return reply
 
 
-def _generate(path: str, chat: bool) -> Endpoint:
-    async def handler(request: Request) -> ASGIApp:
-        svc = services(request)
-        raw = await body(request)
-        if svc.cfg.server.log_prompts:
-            log.info("%s body: %s", path, raw[:8192].decode("utf-8", "replace"))
+def generate(path: str, chat: bool) -> BodyHandler:
+    """The handler of /v1/chat/completions (``chat``) or /v1/completions."""
+
+    async def handler(svc: Services, incoming: Incoming, raw: bytes) -> Reply:
         server = svc.cfg.server
+        if server.log_prompts:
+            log.info("%s body: %s", path, raw[:8192].decode("utf-8", "replace"))
         req = parse_generate(raw, chat=chat, max_depth=server.max_json_depth, max_n=server.max_n)
-        _check_model_allowed(_principal(request), svc, req.model)
-        ctx = context(request, req)
-        reply = await _limited(svc, request, ctx, lambda: svc.proxy.generate(path, req, ctx))
-        return ReplyResponse(reply)
+        _check_model_allowed(incoming.principal, svc, req.model)
+        ctx = context(incoming, req)
+        return await _limited(svc, incoming, ctx, lambda: svc.proxy.generate(path, req, ctx))
 
-    return Endpoint(handler)
+    return handler
 
 
-def _passthrough(path: str) -> Endpoint:
-    async def handler(request: Request) -> ASGIApp:
-        svc = services(request)
-        raw = await body(request)
+def passthrough(path: str) -> BodyHandler:
+    """A vLLM route gpupool forwards as is, to the least loaded ready worker of the model."""
+
+    async def handler(svc: Services, incoming: Incoming, raw: bytes) -> Reply:
         _, model = parse_model_only(raw, svc.cfg.server.max_json_depth)
-        _check_model_allowed(_principal(request), svc, model)
-        ctx = context(request)
-        reply = await _limited(
-            svc, request, ctx, lambda: svc.proxy.passthrough("POST", path, raw, model, ctx)
-        )
-        return ReplyResponse(reply)
+        _check_model_allowed(incoming.principal, svc, model)
+        ctx = context(incoming)
+        call = lambda: svc.proxy.passthrough("POST", path, raw, model, ctx)  # noqa: E731
+        return await _limited(svc, incoming, ctx, call)
 
-    return Endpoint(handler)
+    return handler
+
+
+BODY_ROUTES: dict[str, BodyHandler] = {
+    "/v1/chat/completions": generate("/v1/chat/completions", True),
+    "/v1/completions": generate("/v1/completions", False),
+    **{p: passthrough(p) for p in ("/v1/embeddings", "/v1/responses", "/tokenize", "/detokenize")},
+}
+"""POST routes whose body goes to a worker; served by the front door (``front.py``)."""
 
 
 async def list_models(request: Request) -> ASGIApp:
@@ -135,13 +119,8 @@ async def get_model(request: Request) -> ASGIApp:
 
 
 def routes() -> list[Route]:
+    """The routes left to Starlette: the model list (the POST routes are in BODY_ROUTES)."""
     return [
-        Route("/v1/chat/completions", _generate("/v1/chat/completions", True), methods=["POST"]),
-        Route("/v1/completions", _generate("/v1/completions", False), methods=["POST"]),
         Route("/v1/models", Endpoint(list_models), methods=["GET"]),
         Route("/v1/models/{model_id:path}", Endpoint(get_model), methods=["GET"]),
-        *(
-            Route(p, _passthrough(p), methods=["POST"])
-            for p in ("/v1/embeddings", "/v1/responses", "/tokenize", "/detokenize")
-        ),
     ]

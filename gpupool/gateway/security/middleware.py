@@ -16,45 +16,66 @@ from gpupool.gateway.security.keys import KeyStore, Principal, presented_key
 _ALWAYS_OPEN = frozenset({"/health"})
 
 
-class AuthMiddleware:
-    def __init__(self, app: ASGIApp, cfg: AuthConfig) -> None:
-        self.app = app
+class Authenticator:
+    """Who is calling: shared by the middleware and the front door's fast routes."""
+
+    def __init__(self, cfg: AuthConfig) -> None:
         self.cfg = cfg
         self.store = KeyStore(cfg)
         self.open_paths = _ALWAYS_OPEN | ({"/metrics"} if cfg.metrics_open else set())
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.cfg.enabled or scope["path"] in self.open_paths:
-            await self.app(scope, receive, send)
-            return
-        try:
-            principal = self._authorize(scope)
-        except GatewayError as e:
-            await _reject(e, send)
-            return
-        state = scope.setdefault("state", {})
-        state["principal"] = principal
-        state["tenant"] = principal.tenant
-        if principal.key is not None:
-            state["priority_range"] = (principal.key.priority_min, principal.key.priority_max)
-        await self.app(scope, receive, send)
-
-    def _authorize(self, scope: Scope) -> Principal:
-        secret = presented_key(scope["headers"])
+    def check(self, path: str, headers: list[tuple[bytes, bytes]]) -> Principal | None:
+        """The caller, or None where no key is needed; Unauthorized / Forbidden otherwise."""
+        if not self.cfg.enabled or path in self.open_paths:
+            return None
+        secret = presented_key(headers)
         if secret is None:
             raise Unauthorized("Missing API key: send `Authorization: Bearer <key>`.")
         principal = self.store.identify(secret)
         if principal is None:
             raise Unauthorized("Invalid API key.")
-        if scope["path"].startswith("/admin") and not principal.admin:
+        if path.startswith("/admin") and not principal.admin:
             raise Forbidden("This key may not use the admin API.")
         return principal
 
 
-async def _reject(e: GatewayError, send: Send) -> None:
+def principal_state(principal: Principal) -> dict[str, object]:
+    """What handlers read from ``scope["state"]`` about an authenticated caller."""
+    state: dict[str, object] = {"principal": principal, "tenant": principal.tenant}
+    if principal.key is not None:
+        state["priority_range"] = (principal.key.priority_min, principal.key.priority_max)
+    return state
+
+
+class AuthMiddleware:
+    def __init__(self, app: ASGIApp, cfg: AuthConfig) -> None:
+        self.app = app
+        self.auth = Authenticator(cfg)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            principal = self.auth.check(scope["path"], scope["headers"])
+        except GatewayError as e:
+            await reject(e, send)
+            return
+        if principal is not None:
+            scope.setdefault("state", {}).update(principal_state(principal))
+        await self.app(scope, receive, send)
+
+
+async def reject(
+    e: GatewayError, send: Send, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    """Send ``e`` as a whole response straight through ASGI (no framework below us)."""
     body = e.to_json()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in e.headers.items()]
     if isinstance(e, Unauthorized):
         headers.append((b"www-authenticate", b"Bearer"))
+    if extra:
+        headers += extra
     await send({"type": "http.response.start", "status": e.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,154 @@
+"""The front door: a pure ASGI app that serves the token-bearing routes itself.
+
+Chat, completions and the pass-through POST routes carry every token, so they skip Starlette's
+router, middleware stack and ``Request`` objects: one function here gives the request its id,
+authenticates it, reads the bounded body, runs the route's handler and writes the
+:class:`Reply`. Everything else (health, metrics, the model list, admin) goes on to Starlette,
+whose middleware does the same id and auth work for those routes.
+
+While a handler runs, one watcher task listens for the client's disconnect and cancels it: a
+queued request leaves the queue, a worker connection is dropped (vLLM aborts the request), and
+a stream stops, so nothing runs for a client that has gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING, cast
+
+from starlette.applications import Starlette
+from starlette.types import Message, Receive, Scope, Send
+
+from gpupool.gateway.api.incoming import Incoming
+from gpupool.gateway.api.middleware import (
+    current_request_id,
+    new_request_id,
+    read_body,
+    request_id_of,
+)
+from gpupool.gateway.api.openai_routes import BODY_ROUTES, BodyHandler
+from gpupool.gateway.errors import GatewayError, RequestTimeout
+from gpupool.gateway.reply import Reply
+from gpupool.gateway.security.middleware import Authenticator, principal_state, reject
+
+if TYPE_CHECKING:
+    from gpupool.config.models import GpupoolConfig
+    from gpupool.gateway.services import Services
+
+log = logging.getLogger("gpupool.api")
+
+
+class MethodNotAllowed(GatewayError):
+    status = 405
+    type = "Error"
+
+
+class Front:
+    def __init__(self, app: Starlette, cfg: GpupoolConfig) -> None:
+        self.app = app
+        self.cfg = cfg
+        self.auth = Authenticator(cfg.auth)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        handler = BODY_ROUTES.get(scope["path"]) if scope["type"] == "http" else None
+        if handler is None:
+            await self.app(scope, receive, send)
+            return
+        rid = request_id_of(scope["headers"]) or new_request_id()
+        token = current_request_id.set(rid.decode("latin-1"))
+        try:
+            await self._serve(handler, scope, receive, send, rid)
+        finally:
+            current_request_id.reset(token)
+
+    async def _serve(
+        self, handler: BodyHandler, scope: Scope, receive: Receive, send: Send, rid: bytes
+    ) -> None:
+        extra = [(b"x-request-id", rid)]
+        headers: list[tuple[bytes, bytes]] = scope["headers"]
+        try:
+            principal = self.auth.check(scope["path"], headers)
+            if scope["method"] != "POST":
+                raise MethodNotAllowed("Method Not Allowed")
+            svc = cast("Services", self.app.state.services)
+            raw = await _body(svc, headers, receive)
+        except GatewayError as e:
+            await reject(e, send, extra)
+            return
+        state = principal_state(principal) if principal is not None else {}
+        incoming = Incoming(rid.decode("latin-1"), headers, principal, state)
+        task = asyncio.current_task()
+        assert task is not None
+        gone: list[bool] = []
+        watcher = asyncio.ensure_future(_watch(receive, task, gone))
+        started = False
+        try:
+            reply = await handler(svc, incoming, raw)
+            started = True
+            await _write(reply, send, extra)
+        except asyncio.CancelledError:
+            if not gone:
+                raise
+            task.uncancel()  # the client left; it is not our task that is being cancelled
+        except GatewayError as e:
+            if not started:
+                await reject(e, send, extra)
+        except Exception:
+            log.exception("unexpected error on %s %s", scope["method"], scope["path"])
+            if not started:
+                await reject(GatewayError("Internal server error."), send, extra)
+        finally:
+            watcher.cancel()
+
+
+async def _body(svc: Services, headers: list[tuple[bytes, bytes]], receive: Receive) -> bytes:
+    """The whole body, within the configured size (413) and time (408)."""
+    declared = None
+    for k, v in headers:
+        if k == b"content-length":
+            declared = int(v) if v.isdigit() else None
+            break
+    server = svc.cfg.server
+    try:
+        async with asyncio.timeout(server.body_timeout_s):
+            return await read_body(receive, server.max_body_bytes, declared)
+    except TimeoutError:
+        raise RequestTimeout("The request body did not arrive in time.") from None
+
+
+def _raw(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+
+
+async def _write(reply: Reply, send: Send, extra: list[tuple[bytes, bytes]]) -> None:
+    headers = _raw(reply.headers)
+    headers += extra
+    if reply.stream is None:
+        headers.append((b"content-length", str(len(reply.body)).encode()))
+        await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+        await send({"type": "http.response.body", "body": reply.body})
+        return
+    stream = reply.stream
+    try:
+        await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+        async for chunk in stream:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    except OSError:
+        pass  # the client went away while we wrote
+    finally:
+        aclose = getattr(stream, "aclose", None)
+        if aclose is not None:
+            with contextlib.suppress(Exception):
+                await aclose()
+
+
+async def _watch(receive: Receive, task: asyncio.Task[None], gone: list[bool]) -> None:
+    while True:
+        message: Message = await receive()
+        if message["type"] == "http.disconnect":
+            gone.append(True)
+            task.cancel()
+            return

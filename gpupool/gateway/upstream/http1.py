@@ -1,0 +1,595 @@
+"""A lean HTTP/1.1 client for the hot path to workers: asyncio protocols and ``httptools``.
+
+aiohttp cost about a quarter of the gateway's CPU per request (a request object, a response
+object, a stream reader, a timer per read, header multidicts), for a job that is small here: one
+request head, one response parsed by llhttp, bytes passed on untouched. This module does only
+that, with the behaviour of :class:`~gpupool.gateway.upstream.client.UpstreamClient`:
+
+- :class:`Http1Pool` keeps idle keep-alive connections per origin (``scheme://host:port``), so
+  ``abort(url)`` can cut one worker off at once, in flight and idle alike.
+- ``open()`` returns an :class:`Http1Response` once the status and headers are in; the caller then
+  reads the whole body or iterates raw chunks, and the connection goes back to the pool at the
+  clean end of the body (or is dropped by ``close()``).
+- Every failure is an :class:`UpstreamFailure` with the same meaning as ``map_error`` gives for
+  aiohttp, and a message that never contains the worker's address.
+
+A connection taken from the idle pool that the worker had just closed (EOF or reset before any
+response byte) is retried once on a fresh connection: uvicorn closes idle connections after 5 s,
+and a request can cross that close on the wire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import socket
+import ssl
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import cast
+from urllib.parse import quote, urlsplit
+
+from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
+
+from gpupool.gateway.upstream.common import DROP_RESPONSE_HEADERS as _DROP
+from gpupool.gateway.upstream.common import UpstreamFailure
+
+_PAUSE_AT = 256 * 1024  # unconsumed stream bytes at which the worker's socket stops being read
+_NO_LIMIT = 1 << 62
+
+# Connection states. A connection is in the idle pool only in _IDLE.
+_IDLE = 0  # waiting in the pool (or just connected)
+_HEAD = 1  # request sent, waiting for the status line and headers
+_BODY = 2  # headers in, body arriving
+_DONE = 3  # response complete; the body may still sit in the buffer
+_FAILED = 4  # broken mid-response: ``exc`` says why
+
+
+class _Stale(Exception):
+    """A reused connection died before any response byte: the worker had closed it while idle."""
+
+
+def _died() -> UpstreamFailure:
+    return UpstreamFailure("worker closed the connection", sent=True, died=True)
+
+
+class _Origin:
+    """One ``scheme://host:port``: where to connect, and its open and idle connections."""
+
+    __slots__ = (
+        "authority",
+        "closed",
+        "conns",
+        "host",
+        "idle",
+        "keepalive_s",
+        "key",
+        "max_idle",
+        "port",
+        "ssl",
+    )
+
+    def __init__(
+        self, key: str, keepalive_s: float, max_idle: int, tls: Callable[[], ssl.SSLContext]
+    ) -> None:
+        parts = urlsplit(key)
+        self.key = key
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("upstream URLs must be http:// or https:// with a host")
+        self.host = parts.hostname
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.authority = f"{host}:{self.port}"
+        self.ssl = tls() if parts.scheme == "https" else None
+        self.keepalive_s = keepalive_s
+        self.max_idle = max_idle
+        self.conns: set[_Conn] = set()
+        self.idle: deque[_Conn] = deque()
+        self.closed = False
+
+    def take(self, now: float) -> _Conn | None:
+        """The most recently used idle connection, unless it is too old for the worker to keep.
+
+        The newest is checked first, so once one is too old all the others are older still.
+        """
+        idle = self.idle
+        while idle:
+            conn = idle.pop()
+            since, conn.idle_since = conn.idle_since, 0.0
+            if now - since > self.keepalive_s:
+                conn.shut()
+                while idle:
+                    stale = idle.pop()
+                    stale.idle_since = 0.0
+                    stale.shut()
+                return None
+            if not conn.transport.is_closing():
+                conn.reused = True
+                return conn
+        return None
+
+    def give_back(self, conn: _Conn) -> None:
+        if not self.closed and conn.reusable() and len(self.idle) < self.max_idle:
+            conn.to_idle()
+            self.idle.append(conn)
+        else:
+            conn.shut()
+
+    def forget(self, conn: _Conn) -> None:
+        self.conns.discard(conn)
+        if conn.idle_since:
+            conn.idle_since = 0.0
+            with contextlib.suppress(ValueError):
+                self.idle.remove(conn)
+
+    def cut(self) -> None:
+        """Fail every in-flight request and close every connection, now."""
+        self.closed = True
+        conns, self.conns = self.conns, set()
+        self.idle.clear()
+        for conn in conns:
+            conn.idle_since = 0.0
+            conn.fail(_died())
+
+
+class _Conn(asyncio.Protocol):
+    """One TCP connection to a worker, and the state of the response on it.
+
+    The parser calls back into this object; body chunks are buffered here and handed to the
+    :class:`Http1Response` in one piece per wake-up, so a fast stream costs one future per
+    batch rather than a queue item per chunk. The read timeout is checked lazily: one timer per
+    request that, when it fires, reschedules itself to the last byte's time plus the timeout.
+    """
+
+    __slots__ = (
+        "_buffered",
+        "_chunks",
+        "_framed",
+        "_head_only",
+        "_keep",
+        "_last_read",
+        "_limit",
+        "_loop",
+        "_origin",
+        "_parser",
+        "_paused",
+        "_read_timeout_s",
+        "_timer",
+        "_waiter",
+        "ctype",
+        "exc",
+        "got_bytes",
+        "headers",
+        "idle_since",
+        "reused",
+        "state",
+        "status",
+        "transport",
+    )
+    transport: asyncio.Transport
+
+    def __init__(
+        self, origin: _Origin, loop: asyncio.AbstractEventLoop, read_timeout_s: float
+    ) -> None:
+        self._origin = origin
+        self._loop = loop
+        self._read_timeout_s = read_timeout_s
+        self._parser = HttpResponseParser(self)
+        self._timer: asyncio.TimerHandle | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._chunks: list[bytes] = []
+        self._buffered = 0
+        self._limit = _PAUSE_AT
+        self._paused = False
+        self._framed = False
+        self._head_only = False
+        self._keep = False
+        self._last_read = 0.0
+        self.state = _IDLE
+        self.status = 0
+        self.headers: list[tuple[str, str]] = []
+        self.ctype = ""
+        self.exc: BaseException | None = None
+        self.got_bytes = False
+        self.reused = False
+        self.idle_since = 0.0  # when it went idle; 0 while out of the pool
+
+    # ---- asyncio protocol ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        if self.state != _HEAD and self.state != _BODY:
+            self._keep = False  # bytes nobody asked for: this connection cannot be trusted
+            if self.state == _IDLE:
+                self.transport.close()
+            return
+        self.got_bytes = True
+        self._last_read = self._loop.time()
+        try:
+            self._parser.feed_data(data)
+        except (HttpParserError, HttpParserUpgrade):
+            self.fail(UpstreamFailure("worker sent an invalid response", sent=True))
+            return
+        self._wake()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._keep = False
+        self._origin.forget(self)
+        if self.state == _HEAD:
+            self.fail(_Stale() if self.reused and not self.got_bytes else _died())
+        elif self.state == _BODY:
+            if exc is None and not self._framed:
+                self._complete(False)  # a body without length or chunking ends at EOF
+                self._wake()
+            else:
+                self.fail(_died())
+
+    # ---- parser callbacks -----------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        low = name.lower()
+        if low in _DROP:
+            if low == b"content-length" or (
+                low == b"transfer-encoding" and b"chunked" in value.lower()
+            ):
+                self._framed = True
+            return
+        if low == b"content-type":
+            self.ctype = value.decode("latin-1")
+        self.headers.append((name.decode("latin-1"), value.decode("latin-1")))
+
+    def on_headers_complete(self) -> None:
+        if self.state != _HEAD:
+            self._keep = False
+            return
+        status = self._parser.get_status_code()
+        if status < 200:  # an interim response (103 Early Hints): the real one follows
+            self.headers = []
+            self.ctype = ""
+            self._framed = False
+            return
+        self.status = status
+        self.state = _BODY
+        if self._head_only:
+            # llhttp cannot be told the request was HEAD, so it would wait for the body that
+            # Content-Length announces: end the response here and parse the next on a new parser.
+            self._complete(self._parser.should_keep_alive())
+            self._parser = HttpResponseParser(self)
+
+    def on_body(self, body: bytes) -> None:
+        if self.state != _BODY:
+            return
+        self._chunks.append(body)
+        self._buffered += len(body)
+        if self._buffered > self._limit and not self._paused:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def on_message_complete(self) -> None:
+        if self.state == _BODY:
+            self._complete(self._parser.should_keep_alive())
+
+    # ---- used by the pool and the response ------------------------------------------------
+
+    def send(self, data: bytes, head_only: bool) -> None:
+        """Start one exchange: reset the response state, arm the read timer, write the request."""
+        self.state = _HEAD
+        self.status = 0
+        self.headers = []
+        self.ctype = ""
+        self.exc = None
+        self.got_bytes = False
+        self._framed = False
+        self._head_only = head_only
+        self._limit = _PAUSE_AT
+        now = self._last_read = self._loop.time()
+        self._timer = self._loop.call_at(now + self._read_timeout_s, self._check_timeout)
+        self.transport.write(data)
+
+    async def wait(self) -> None:
+        """Until the next batch of bytes, the end of the response, or a failure."""
+        waiter = self._waiter = self._loop.create_future()
+        await waiter
+
+    def take_body(self) -> bytes:
+        """Everything buffered so far, in one piece; reading resumes if it was paused."""
+        chunks = self._chunks
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        self._buffered = 0
+        if self._paused:
+            self._paused = False
+            self._last_read = self._loop.time()
+            self.transport.resume_reading()
+        return data
+
+    def has_body(self) -> bool:
+        return bool(self._chunks)
+
+    def unlimit(self) -> None:
+        """The whole body is wanted at once: never pause reading for it."""
+        self._limit = _NO_LIMIT
+        if self._paused:
+            self._paused = False
+            self.transport.resume_reading()
+
+    def reusable(self) -> bool:
+        return self.state == _DONE and self._keep and not self.transport.is_closing()
+
+    def to_idle(self) -> None:
+        self.state = _IDLE
+        self._chunks.clear()
+        self.idle_since = self._loop.time()
+
+    def fail(self, exc: BaseException) -> None:
+        """End the response in flight (if any) with ``exc`` and drop the connection."""
+        self._keep = False
+        if self.state == _HEAD or self.state == _BODY:
+            self.state = _FAILED
+            self.exc = exc
+            self._chunks.clear()
+            self._buffered = 0
+            self._stop_timer()
+            self._wake()
+        self.transport.abort()
+
+    def shut(self) -> None:
+        """Close a connection with no response in flight, gracefully."""
+        self._keep = False
+        self._stop_timer()
+        self.transport.close()
+
+    # ---- internals ------------------------------------------------------------------------
+
+    def _complete(self, keep: bool) -> None:
+        self.state = _DONE
+        self._keep = keep
+        self._stop_timer()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _check_timeout(self) -> None:
+        self._timer = None
+        if self.state != _HEAD and self.state != _BODY:
+            return
+        now = self._loop.time()
+        if self._paused:  # our consumer is behind, not the worker: it gets a fresh period
+            self._last_read = now
+        due = self._last_read + self._read_timeout_s
+        if due - now <= 0.001:
+            self.fail(UpstreamFailure("worker timed out", sent=True))
+        else:
+            self._timer = self._loop.call_at(due, self._check_timeout)
+
+
+class Http1Response:
+    """A worker's response: status and headers now, the body by ``read()`` or ``iter_raw()``.
+
+    Holds its connection until the body has been consumed (then returns it to the pool) or
+    until ``close()`` (then drops it, so the worker sees the disconnect and aborts the request).
+    """
+
+    __slots__ = ("_body", "_conn", "_origin", "content_type", "headers", "status")
+
+    def __init__(self, conn: _Conn, origin: _Origin) -> None:
+        self.status = conn.status
+        self.headers = conn.headers
+        self.content_type = conn.ctype
+        self._conn: _Conn | None = conn
+        self._origin = origin
+        self._body: bytes | None = None
+
+    async def read(self) -> bytes:
+        """The whole body (kept, so a second call returns it again)."""
+        if self._body is not None:
+            return self._body
+        conn = self._attached()
+        conn.unlimit()
+        try:
+            while conn.state == _BODY:
+                await conn.wait()
+        except BaseException:
+            self.close()
+            raise
+        if conn.state != _DONE:
+            self._conn = None
+            raise conn.exc or _died()
+        self._body = conn.take_body()
+        self._release()
+        return self._body
+
+    async def iter_raw(self) -> AsyncIterator[bytes]:
+        """The body as it arrives: chunked framing removed, bytes otherwise untouched."""
+        if self._body is not None:
+            return
+        conn = self._attached()
+        done = False
+        try:
+            while True:
+                if conn.has_body():
+                    yield conn.take_body()
+                    if self._conn is not conn:  # closed while the chunk was being handled
+                        raise UpstreamFailure("the response was closed", sent=True)
+                elif conn.state == _BODY:
+                    await conn.wait()
+                elif conn.state == _DONE:
+                    done = True
+                    return
+                else:
+                    raise conn.exc or _died()
+        finally:
+            if done:
+                self._body = b""
+                self._release()
+            else:
+                self.close()
+
+    def close(self) -> None:
+        """Drop the connection now; it is never returned to the pool. Idempotent."""
+        conn = self._conn
+        if conn is not None:
+            self._conn = None
+            conn.fail(UpstreamFailure("the response was closed", sent=True))
+
+    def __del__(self) -> None:
+        # A response dropped unread (a cancelled caller) must not leave its connection open.
+        if self._conn is not None:
+            with contextlib.suppress(Exception):  # the loop may be gone already
+                self._conn.transport.abort()
+
+    def _attached(self) -> _Conn:
+        if self._conn is None:
+            raise UpstreamFailure("the response was closed", sent=True)
+        return self._conn
+
+    def _release(self) -> None:
+        conn = self._conn
+        if conn is not None:
+            self._conn = None
+            self._origin.give_back(conn)
+
+
+class Http1Pool:
+    """Keep-alive connections to workers, pooled per origin."""
+
+    __slots__ = (
+        "_connect_timeout_s",
+        "_idle_keepalive_s",
+        "_max_idle",
+        "_origins",
+        "_read_timeout_s",
+        "_tls",
+    )
+
+    def __init__(
+        self,
+        connect_timeout_s: float = 5.0,
+        read_timeout_s: float = 600.0,
+        idle_keepalive_s: float = 4.0,
+        max_idle_per_origin: int = 256,
+    ) -> None:
+        self._connect_timeout_s = connect_timeout_s
+        self._read_timeout_s = read_timeout_s
+        self._idle_keepalive_s = idle_keepalive_s
+        self._max_idle = max_idle_per_origin
+        self._origins: dict[str, _Origin] = {}
+        self._tls: ssl.SSLContext | None = None
+
+    async def open(
+        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str]
+    ) -> Http1Response:
+        """Send a request; return once the status and headers are in."""
+        key, target = _split(url)
+        origin = self._origins.get(key)
+        if origin is None:
+            origin = _Origin(key, self._idle_keepalive_s, self._max_idle, self._tls_context)
+            self._origins[key] = origin
+        data = _request(method, target, origin.authority, headers, body)
+        head_only = method == "HEAD"
+        loop = asyncio.get_running_loop()
+        conn = origin.take(loop.time())
+        if conn is not None:
+            try:
+                return await self._exchange(origin, conn, data, head_only)
+            except _Stale:
+                pass  # the worker closed it while idle; the request may have crossed that close
+            try:
+                conn = await self._connect(loop, origin)
+            except UpstreamFailure:
+                raise _died() from None  # the first attempt may have reached a now dead worker
+        else:
+            conn = await self._connect(loop, origin)
+        return await self._exchange(origin, conn, data, head_only)
+
+    def abort(self, url: str) -> None:
+        """Cut every connection to a worker's origin: its in-flight requests fail at once."""
+        origin = self._origins.pop(_split(url)[0], None)
+        if origin is not None:
+            origin.cut()
+
+    async def close(self) -> None:
+        """Close every connection: in-flight requests fail, and none goes back to a pool."""
+        origins, self._origins = self._origins, {}
+        for origin in origins.values():
+            origin.cut()
+        await asyncio.sleep(0)  # let the transports run connection_lost
+
+    def _tls_context(self) -> ssl.SSLContext:
+        """One TLS context for every https origin: building one reads the system CA bundle."""
+        if self._tls is None:
+            self._tls = ssl.create_default_context()
+        return self._tls
+
+    async def _exchange(
+        self, origin: _Origin, conn: _Conn, data: bytes, head_only: bool
+    ) -> Http1Response:
+        try:
+            conn.send(data, head_only)
+            while conn.state == _HEAD:
+                await conn.wait()
+        except BaseException:
+            conn.fail(_died())
+            raise
+        if conn.state == _FAILED:
+            raise conn.exc or _died()
+        return Http1Response(conn, origin)
+
+    async def _connect(self, loop: asyncio.AbstractEventLoop, origin: _Origin) -> _Conn:
+        factory = functools.partial(_Conn, origin, loop, self._read_timeout_s)
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
+                _, conn = await loop.create_connection(
+                    factory, origin.host, origin.port, ssl=origin.ssl
+                )
+        except TimeoutError:
+            raise UpstreamFailure("worker timed out", sent=False) from None
+        except OSError:
+            raise UpstreamFailure("worker unreachable", sent=False) from None
+        if self._origins.get(origin.key) is not origin:
+            conn.shut()  # aborted (or the pool closed) while connecting
+            raise _died()
+        origin.conns.add(conn)
+        return conn
+
+
+def _split(url: str) -> tuple[str, str]:
+    """``(scheme://host:port, /path?query)`` of a URL, without parsing it twice."""
+    cut = url.find("/", url.find("//") + 2)
+    if cut < 0:
+        return url, "/"
+    return url[:cut], url[cut:]
+
+
+def _request(
+    method: str, target: str, authority: str, headers: Mapping[str, str], body: bytes | None
+) -> bytes:
+    """The request head (and body) as one buffer, for one write."""
+    if not (target.isascii() and target.isprintable()) or " " in target:
+        target = quote(target, safe="/?#[]@!$&'()*+,;=:%~")
+    fields = "".join([f"{k}: {v}\r\n" for k, v in headers.items()])
+    if fields.count("\n") != len(headers) or fields.count("\r") != len(headers):
+        raise ValueError("a request header contains a line break")
+    length = "" if body is None else f"content-length: {len(body)}\r\n"
+    head = f"{method} {target} HTTP/1.1\r\nHost: {authority}\r\n{fields}{length}\r\n"
+    try:
+        raw = head.encode("latin-1")
+    except UnicodeEncodeError:
+        raw = head.encode()
+    return raw + body if body else raw
