@@ -7,8 +7,32 @@ so gateway and worker histograms line up on one dashboard.
 from __future__ import annotations
 
 import contextlib
+from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+M = TypeVar("M", Counter, Histogram)
+
+
+class Hot(Generic[M]):
+    """A counter or histogram touched on every request: its labelled children are kept.
+
+    ``prometheus_client``'s ``labels()`` validates and locks on every call; the label sets of a
+    pool are few and fixed, and these families never drop a child, so a dict lookup does.
+    """
+
+    __slots__ = ("_children", "family")
+
+    def __init__(self, family: M) -> None:
+        self.family: M = family
+        self._children: dict[tuple[str, ...], M] = {}
+
+    def labels(self, *values: str) -> M:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self.family.labels(*values)
+        return child
+
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
@@ -25,26 +49,26 @@ class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
         mw = ["model", "worker"]
-        self.requests = Counter(
-            "gpupool_requests", "Requests answered, by status.", [*mw, "status"], registry=r
-        )
+        self.requests = Hot(Counter(
+            "gpupool_requests", "Requests answered, by status.", [*mw, "status"], registry=r,
+        ))  # fmt: skip
         self.errors = Counter("gpupool_errors", "Errors by cause.", [*mw, "cause"], registry=r)
-        self.latency = Histogram(
+        self.latency = Hot(Histogram(
             "gpupool_request_duration_seconds", "End-to-end request time at the gateway.",
             mw, buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.ttft = Histogram(
+        ))  # fmt: skip
+        self.ttft = Hot(Histogram(
             "gpupool_time_to_first_token_seconds", "Time to the first streamed byte.",
             mw, buckets=TTFT_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.itl = Histogram(
+        ))  # fmt: skip
+        self.itl = Hot(Histogram(
             "gpupool_inter_chunk_seconds", "Gap between streamed chunks.",
             mw, buckets=ITL_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.tokens = Counter(
+        ))  # fmt: skip
+        self.tokens = Hot(Counter(
             "gpupool_tokens", "Tokens from usage, by kind (prompt|completion).",
             [*mw, "kind"], registry=r,
-        )  # fmt: skip
+        ))  # fmt: skip
         self.inflight = Gauge("gpupool_inflight", "Requests in flight.", mw, registry=r)
         self.capacity = Gauge("gpupool_worker_capacity", "Worker capacity.", mw, registry=r)
         self.up = Gauge("gpupool_worker_up", "1 when the worker is ready.", mw, registry=r)
@@ -61,14 +85,14 @@ class Metrics:
             mw, registry=r,
         )  # fmt: skip
         self.queue_depth = Gauge("gpupool_queue_depth", "Requests waiting.", ["model"], registry=r)
-        self.queue_wait = Histogram(
+        self.queue_wait = Hot(Histogram(
             "gpupool_queue_wait_seconds", "Time spent waiting for a slot.", ["model"],
             buckets=WAIT_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.admission = Counter(
+        ))  # fmt: skip
+        self.admission = Hot(Counter(
             "gpupool_admission_decisions", "Admission outcomes (immediate|queued|rejected).",
             ["model", "decision", "reason"], registry=r,
-        )  # fmt: skip
+        ))  # fmt: skip
         self.retries = Counter(
             "gpupool_upstream_retries", "Requests retried on another worker before any byte.",
             [*mw, "reason"], registry=r,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import re
 import time
 from collections.abc import AsyncIterator, Coroutine
@@ -91,20 +92,35 @@ class Relay:
         try:
             if data is None:
                 data = await resp.read()
-            if resp.status == 200:
+            if resp.status == 200 and plan.transform is not None:
                 data = await self._finish_body(plan, lease, data)
-            self._observe(plan, lease, resp.status)
-            return Reply(resp.status, self._headers(resp, lease), data)
         except UpstreamFailure as e:
             self._observe(plan, lease, "upstream_error")
+            await self.proxy.release(lease)
             raise UpstreamError(f"The worker failed before answering: {e}.") from None
+        except BaseException:
+            await self.proxy.release(lease)
+            raise
+        untouched = data if resp.status == 200 and plan.transform is None else None
+        reply = Reply(resp.status, self._headers(resp, lease), data)
+        reply.after = functools.partial(self._account, plan, lease, resp.status, untouched)
+        return reply
+
+    async def _account(
+        self, plan: StreamPlan, lease: Lease, status: int, untouched: bytes | None
+    ) -> None:
+        """After the body went out: its usage, the request's metrics, the slot back."""
+        try:
+            if untouched is not None:
+                self._body_usage(plan, lease, untouched)
+            self._observe(plan, lease, status)
         finally:
             await self.proxy.release(lease)
 
     async def _finish_body(self, plan: StreamPlan, lease: Lease, data: bytes) -> bytes:
-        if plan.transform is None:
-            self._body_usage(plan, lease, data)
-            return data
+        """A 200 body the gateway must rewrite (reasoning split or renamed); usage read too."""
+        opts = plan.transform
+        assert opts is not None
         try:
             obj = orjson.loads(data)
         except orjson.JSONDecodeError:
@@ -112,11 +128,9 @@ class Relay:
         if not isinstance(obj, dict):
             return data
         self._usage(plan, lease, obj.get("usage"))
-        if plan.transform is None:
-            return data
-        out = transform_chat_response(obj, plan.transform)
-        if plan.transform.parser is not None:
-            await self._count_reasoning(out, plan.transform, lease)
+        out = transform_chat_response(obj, opts)
+        if opts.parser is not None:
+            await self._count_reasoning(out, opts, lease)
         return orjson.dumps(out)
 
     async def _count_reasoning(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, cast
 
 from starlette.applications import Starlette
@@ -83,24 +84,36 @@ class Front:
         assert task is not None
         gone: list[bool] = []
         watcher = asyncio.ensure_future(_watch(receive, task, gone))
-        started = False
         try:
-            reply = await handler(svc, incoming, raw)
-            started = True
-            await _write(reply, send, extra)
+            try:
+                reply = await handler(svc, incoming, raw)
+            except GatewayError as e:
+                await reject(e, send, extra)
+                return
+            except Exception:
+                log.exception("unexpected error on %s %s", scope["method"], scope["path"])
+                await reject(GatewayError("Internal server error."), send, extra)
+                return
+            try:
+                await _write(reply, send, extra)
+            finally:
+                watcher.cancel()
+                if reply.after is not None:
+                    await _after(reply.after)
         except asyncio.CancelledError:
             if not gone:
                 raise
             task.uncancel()  # the client left; it is not our task that is being cancelled
-        except GatewayError as e:
-            if not started:
-                await reject(e, send, extra)
-        except Exception:
-            log.exception("unexpected error on %s %s", scope["method"], scope["path"])
-            if not started:
-                await reject(GatewayError("Internal server error."), send, extra)
         finally:
             watcher.cancel()
+
+
+async def _after(after: Callable[[], Awaitable[None]]) -> None:
+    """A reply's book-keeping, once written (or not: the client left); never skipped."""
+    try:
+        await after()
+    except Exception:
+        log.exception("request book-keeping failed")
 
 
 async def _body(svc: Services, headers: list[tuple[bytes, bytes]], receive: Receive) -> bytes:

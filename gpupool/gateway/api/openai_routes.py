@@ -65,8 +65,17 @@ async def _limited(svc: Services, incoming: Incoming, ctx: Context, call: Call) 
         return reply  # no per-key limits: nothing to release, no extra layer on the stream
     if reply.stream is not None:
         reply.stream = close_after(reply.stream, hold, ctx.tokens)
-    else:
-        await hold.close(sum(ctx.tokens))
+        return reply
+    before = reply.after
+
+    async def after() -> None:
+        try:
+            if before is not None:
+                await before()  # reads the usage that counts against the key
+        finally:
+            await hold.close(sum(ctx.tokens))
+
+    reply.after = after
     return reply
 
 

@@ -4,13 +4,18 @@
   connection opening or of the previous response, or the connection is closed (slowloris).
 - The request head may not exceed ``max_head_bytes``; beyond it: 431 and close.
 Bodies are bounded by size and time in the application (``read_body``).
+
+And one saving on every response: a response with a ``content-length`` (every whole JSON
+reply) goes out in one write, head and body together, instead of uvicorn's two (one system call
+and one TCP segment less per request; see :class:`CoalescingCycle`).
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 
 class HeadTooLarge(Exception):
@@ -72,6 +77,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm()
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and type(cycle) is RequestResponseCycle:
+            # Its task has not run yet: it looks ``send`` up on the class when it starts.
+            cycle.__class__ = CoalescingCycle
 
     def _send_431(self) -> None:
         body = (
@@ -84,6 +93,62 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
         )
         self.transport.close()
+
+
+class _Buffered:
+    """Stands in for the transport while uvicorn writes a response head and body."""
+
+    __slots__ = ("closed", "parts")
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.parts.append(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+
+class CoalescingCycle(RequestResponseCycle):
+    """uvicorn's request cycle, holding back the head of a sized response until its body.
+
+    uvicorn writes ``http.response.start`` and each body message separately. A response that
+    declares its ``content-length`` is sent whole right after its start (gpupool never streams
+    a sized body), so the head waits for the first body message and both go out in one write.
+    Streams (no content-length) keep their immediate head.
+    """
+
+    _held: Any = None
+
+    async def send(self, message: Any) -> None:
+        if (
+            message["type"] == "http.response.start"
+            and not self.response_started
+            and any(k.lower() == b"content-length" for k, _ in message.get("headers", ()))
+        ):
+            self._held = message
+            return
+        held = self._held
+        if held is None or message["type"] != "http.response.body":
+            await super().send(message)
+            return
+        self._held = None
+        transport, buffered = self.transport, _Buffered()
+        self.transport = buffered  # type: ignore[assignment]
+        try:
+            await super().send(held)
+            await super().send(message)
+        finally:
+            self.transport = transport
+            if buffered.parts:
+                transport.write(b"".join(buffered.parts))
+            if buffered.closed:
+                transport.close()
 
 
 def guarded_protocol(head_timeout_s: float, max_head_bytes: int) -> type[HttpToolsProtocol]:
