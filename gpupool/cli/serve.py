@@ -47,6 +47,9 @@ def run_server(cfg: GpupoolConfig, config_path: str) -> None:
         loop="uvloop",
         http=guarded_protocol(cfg.server.header_timeout_s, cfg.server.max_header_bytes),
         access_log=cfg.server.access_log,
+        # X-Forwarded-For only matters to the access log's client address; without that log,
+        # uvicorn's proxy-headers middleware would be one more layer on every request.
+        proxy_headers=cfg.server.access_log,
         log_config=None,
         lifespan="on",
         timeout_graceful_shutdown=int(cfg.server.shutdown_grace_s),
