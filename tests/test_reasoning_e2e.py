@@ -109,3 +109,23 @@ def test_assistant_history_with_either_field_name_is_accepted(urls: dict[str, st
         }
         r = httpx.post(urls["gw"] + "/v1/chat/completions", json=body)
         assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_reasoning_tokens_counted_when_gateway_splits(urls: dict[str, str], stream: bool) -> None:
+    """vLLM cannot count what it did not split: the worker's tokenizer counts it for us."""
+    c = _client(urls)
+    msgs = [{"role": "user", "content": "2+2?"}]
+    if stream:
+        chunks = list(
+            c.chat.completions.create(
+                model="raw", messages=msgs, stream=True,  # type: ignore[arg-type]
+                stream_options={"include_usage": True},
+            )
+        )  # fmt: skip
+        usage = chunks[-1].usage
+    else:
+        usage = c.chat.completions.create(model="raw", messages=msgs).usage  # type: ignore[arg-type]
+    assert usage is not None and usage.completion_tokens_details is not None
+    reasoning = usage.completion_tokens_details.reasoning_tokens
+    assert reasoning is not None and 0 < reasoning < usage.completion_tokens

@@ -219,7 +219,7 @@ class Relay:
                 if b'"usage"' in chunk:
                     self._stream_usage(plan, lease, chunk)
                 if transformer is not None:
-                    chunk = _transform(transformer, buf, chunk)
+                    chunk = await self._transform(transformer, buf, chunk, lease)
                 tail = (tail + chunk)[-16:]
                 if chunk:
                     yield chunk
@@ -234,26 +234,55 @@ class Relay:
             self._observe(plan, lease, 200 if status == "200" else status)
             self.soon(self.proxy.release(lease))
 
+    async def _transform(
+        self, t: ChatStreamTransformer, buf: bytearray, chunk: bytes, lease: Lease
+    ) -> bytes:
+        """Re-frame the events of ``chunk`` (``buf`` holds a partial event between calls)."""
+        out = bytearray()
+        for payload in iter_events(buf, chunk):
+            if payload.startswith(b":"):
+                out += payload + b"\n\n"
+            elif payload == b"[DONE]":
+                out += b"".join(frame(o) for o in t.finish())
+                out += _DONE
+            else:
+                try:
+                    obj = orjson.loads(payload)
+                except orjson.JSONDecodeError:
+                    out += b"data: " + payload + b"\n\n"
+                    continue
+                if not isinstance(obj, dict):
+                    continue
+                for o in t.feed(obj):
+                    if t.counts_later and "usage" in o and not o.get("choices"):
+                        await self._count_stream_reasoning(o, t, lease)
+                    out += frame(o)
+        return bytes(out)
+
+    async def _count_stream_reasoning(
+        self, chunk: dict[str, Any], t: ChatStreamTransformer, lease: Lease
+    ) -> None:
+        """The final usage chunk of a stream the gateway split: ``reasoning_tokens`` from the
+        worker's tokenizer, as for whole bodies (left out when the worker cannot count)."""
+        usage = chunk.get("usage")
+        if not isinstance(usage, dict):
+            return
+        details = usage.get("completion_tokens_details")
+        if isinstance(details, dict) and isinstance(details.get("reasoning_tokens"), int):
+            return  # the worker counted token ids; keep its number
+        worker = self.proxy.registry.get(lease.worker)
+        texts = t.reasoning_texts()
+        if worker is None or worker.url is None:
+            return
+        counts = [await self._tokens(worker.url, chunk.get("model"), text) for text in texts]
+        if None in counts:
+            return
+        new = {**(details if isinstance(details, dict) else {})}
+        new["reasoning_tokens"] = sum(c or 0 for c in counts)
+        chunk["usage"] = {**usage, "completion_tokens_details": new}
+
     def _stream_usage(self, plan: StreamPlan, lease: Lease, chunk: bytes) -> None:
         for line in chunk.split(b"\n"):
             if line.startswith(b"data: {") and b'"usage"' in line:
                 with contextlib.suppress(orjson.JSONDecodeError, AttributeError):
                     self._usage(plan, lease, orjson.loads(line[6:]).get("usage"))
-
-
-def _transform(t: ChatStreamTransformer, buf: bytearray, chunk: bytes) -> bytes:
-    out = bytearray()
-    for payload in iter_events(buf, chunk):
-        if payload.startswith(b":"):
-            out += payload + b"\n\n"
-        elif payload == b"[DONE]":
-            out += b"".join(frame(o) for o in t.finish())
-            out += _DONE
-        else:
-            try:
-                obj = orjson.loads(payload)
-            except orjson.JSONDecodeError:
-                out += b"data: " + payload + b"\n\n"
-                continue
-            out += b"".join(frame(o) for o in t.feed(obj)) if isinstance(obj, dict) else b""
-    return bytes(out)

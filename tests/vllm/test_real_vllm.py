@@ -87,10 +87,12 @@ def test_reasoning_split_by_gateway_non_streaming(real_stack: dict[str, Any]) ->
 
 
 def test_reasoning_split_by_gateway_streaming(real_stack: dict[str, Any]) -> None:
-    stream = _client(real_stack).chat.completions.create(**_forced(True))
-    reasoning, content, pieces = "", "", 0
+    usage_opt = {"stream_options": {"include_usage": True}}
+    stream = _client(real_stack).chat.completions.create(**_forced(True, **usage_opt))
+    reasoning, content, pieces, usage = "", "", 0, None
     for chunk in stream:
         if not chunk.choices:
+            usage = chunk.usage or usage
             continue
         delta = chunk.choices[0].delta
         extra = delta.model_extra or {}
@@ -99,6 +101,8 @@ def test_reasoning_split_by_gateway_streaming(real_stack: dict[str, Any]) -> Non
         pieces += 1
     assert reasoning == "abc def" and content == "hello world"
     assert pieces > 5  # the forced text really arrived in small pieces
+    assert usage is not None and usage.completion_tokens_details is not None
+    assert usage.completion_tokens_details.reasoning_tokens  # counted by the worker's tokenizer
 
 
 def test_enable_thinking_false_leaves_everything_in_content(real_stack: dict[str, Any]) -> None:

@@ -295,12 +295,22 @@ class ChatStreamTransformer:
                 new.pop("content", None)
                 if content:
                     new["content"] = content
-        if reasoning and self._opts.count_tokens is not None:
-            state.reasoning.append(reasoning)
+        if reasoning and (self._opts.count_tokens is not None or self._opts.parser is not None):
+            state.reasoning.append(reasoning)  # to count once the usage chunk comes
         if reasoning and self._opts.include_reasoning:
             for key in self._opts.keys:
                 new[key] = reasoning
         return new
+
+    @property
+    def counts_later(self) -> bool:
+        """The gateway splits but has no tokenizer at hand: the caller counts the reasoning
+        (``reasoning_texts``) before the final usage chunk goes out."""
+        return self._opts.parser is not None and self._opts.count_tokens is None
+
+    def reasoning_texts(self) -> list[str]:
+        """The reasoning the gateway split out, per choice."""
+        return ["".join(s.reasoning) for s in self._choices.values() if s.reasoning]
 
     def _final_usage(self, chunk: Json) -> Json:
         texts = ["".join(s.reasoning) for s in self._choices.values()]
