@@ -177,6 +177,33 @@ def test_client_disconnect_frees_the_worker_slot(stack: dict[str, Any]) -> None:
         httpx.post(small.url + "/sim/control", json={"itl_ms": 0})
 
 
+def test_client_leaving_a_large_non_streaming_request_aborts_it(stack: dict[str, Any]) -> None:
+    """A body over uvicorn's 64 KiB read buffer pauses reading; the hang-up must still be seen."""
+    url, sims = stack["gw"].url, (stack["big"], stack["small"])
+    for w in sims:
+        httpx.post(w.url + "/sim/control", json={"itl_ms": 200})
+    try:
+        before = sum(httpx.get(w.url + "/sim/stats").json()["aborted_total"] for w in sims)
+        body = {"model": MODEL, "messages": [{"role": "user", "content": _words(20)}],
+                "max_tokens": 50, "user": "u" * 300_000}  # fmt: skip
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(url + "/v1/chat/completions", json=body, timeout=1.0)
+        deadline = time.monotonic() + 5
+        stats: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            stats = [httpx.get(w.url + "/sim/stats").json() for w in sims]
+            if sum(s["aborted_total"] for s in stats) > before:
+                break
+            time.sleep(0.05)
+        assert sum(s["running"] for s in stats) == 0
+        assert sum(s["aborted_total"] for s in stats) == before + 1
+        workers = httpx.get(url + "/admin/workers").json()["data"]
+        assert all(w["inflight"] == 0 for w in workers)
+    finally:
+        for w in sims:
+            httpx.post(w.url + "/sim/control", json={"itl_ms": 0})
+
+
 def test_worker_killed_mid_stream_gives_error_event_then_done(tmp_path: Path) -> None:
     dying = sim(model=MODEL, max_model_len=4096, tmp=tmp_path, crash_after_tokens=3,
                 itl_ms=20, mode="lorem", output_tokens=50)  # fmt: skip

@@ -30,6 +30,7 @@ from gpupool.gateway.api.middleware import (
     request_id_of,
 )
 from gpupool.gateway.api.openai_routes import BODY_ROUTES, BodyHandler
+from gpupool.gateway.api.protocol import CoalescingCycle
 from gpupool.gateway.errors import GatewayError, RequestTimeout
 from gpupool.gateway.reply import Reply
 from gpupool.gateway.security.middleware import Authenticator, principal_state, reject
@@ -83,7 +84,7 @@ class Front:
         task = asyncio.current_task()
         assert task is not None
         gone: list[bool] = []
-        watcher = asyncio.ensure_future(_watch(receive, task, gone))
+        watcher = _watch_disconnect(send, receive, task, gone)
         try:
             try:
                 reply = await handler(svc, incoming, raw)
@@ -173,6 +174,39 @@ async def _write(reply: Reply, send: Send, extra: list[tuple[bytes, bytes]]) -> 
         if aclose is not None:
             with contextlib.suppress(Exception):
                 await aclose()
+
+
+class _Watch:
+    """Stops watching for the client's disconnect: ``cancel()``, whichever way it watches."""
+
+    __slots__ = ("cycle",)
+
+    def __init__(self, cycle: CoalescingCycle) -> None:
+        self.cycle = cycle
+
+    def cancel(self) -> None:
+        self.cycle.on_disconnect(None)
+
+
+def _watch_disconnect(
+    send: Send, receive: Receive, task: asyncio.Task[None], gone: list[bool]
+) -> _Watch | asyncio.Future[None]:
+    """Cancel ``task`` when the client disconnects.
+
+    Under gpupool's own HTTP protocol the request cycle calls back when the connection drops
+    (no extra task); under any other ASGI server a task waits on ``receive()``.
+    """
+    cycle = getattr(send, "__self__", None)
+    if isinstance(cycle, CoalescingCycle):
+
+        def left() -> None:
+            gone.append(True)
+            task.cancel()
+
+        cycle.flow.resume_reading()  # a large body may have paused it: a close must be seen
+        cycle.on_disconnect(left)
+        return _Watch(cycle)
+    return asyncio.ensure_future(_watch(receive, task, gone))
 
 
 async def _watch(receive: Receive, task: asyncio.Task[None], gone: list[bool]) -> None:

@@ -1,7 +1,8 @@
 """uvicorn's httptools protocol with the limits a public server needs.
 
 - The request head (request line and headers) must arrive within ``head_timeout_s`` of the
-  connection opening or of the previous response, or the connection is closed (slowloris).
+  connection opening or of its first bytes, or the connection is closed (slowloris). The timer
+  is only armed when a head does not arrive in one read, so the usual request costs none.
 - The request head may not exceed ``max_head_bytes``; beyond it: 431 and close.
 Bodies are bounded by size and time in the application (``read_body``).
 
@@ -13,6 +14,7 @@ and one TCP segment less per request; see :class:`CoalescingCycle`).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
@@ -27,6 +29,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     max_head_bytes = 64 * 1024
     _head_timer: asyncio.TimerHandle | None = None
     _head_bytes = 0
+    _in_head = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -59,7 +62,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._head_bytes = 0
-        self._arm()
+        self._in_head = True
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._in_head:  # a head split across reads: from now on it has a deadline
+            self._arm()
 
     def _count(self, n: int) -> None:
         self._head_bytes += n
@@ -75,6 +83,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
         self._disarm()
         super().on_headers_complete()
         cycle = self.cycle
@@ -124,6 +133,30 @@ class CoalescingCycle(RequestResponseCycle):
     """
 
     _held: Any = None
+    _on_disconnect: Callable[[], None] | None = None
+
+    # uvicorn's protocol sets ``cycle.disconnected = True`` when the client goes away before
+    # the response is complete. Seen through this property, that moment can call back, so the
+    # front door needs no task per request waiting on ``receive()`` for ``http.disconnect``.
+    @property
+    def disconnected(self) -> bool:
+        return bool(self.__dict__.get("disconnected", False))
+
+    @disconnected.setter
+    def disconnected(self, value: bool) -> None:
+        self.__dict__["disconnected"] = value
+        callback = self._on_disconnect
+        if value and callback is not None:
+            self._on_disconnect = None
+            callback()
+
+    def on_disconnect(self, callback: Callable[[], None] | None) -> None:
+        """Call ``callback`` once if the client disconnects (at once if it already has);
+        ``None`` stops watching."""
+        if callback is not None and self.disconnected:
+            callback()
+        else:
+            self._on_disconnect = callback
 
     async def send(self, message: Any) -> None:
         if (
