@@ -203,6 +203,14 @@ def test_slowloris_connection_is_closed(tmp_path: Path) -> None:
             t0 = time.monotonic()
             assert s.recv(100) == b""  # the gateway closed it
             assert time.monotonic() - t0 < 4
+        with socket.create_connection((host, int(port))) as s:  # a keep-alive connection
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            s.settimeout(5)
+            assert s.recv(4096).startswith(b"HTTP/1.1 200")
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # the next head never finishes
+            t0 = time.monotonic()
+            assert s.recv(100) == b""  # closed by the head deadline, not the 30 s keep-alive
+            assert time.monotonic() - t0 < 4
         assert httpx.get(g.url + "/health").status_code == 200
 
 

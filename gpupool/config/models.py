@@ -29,7 +29,11 @@ class ServerConfig(_Strict):
     )
     log_format: LogFormat = Field(LogFormat.text, description="`text` or `json` log lines.")
     log_prompts: bool = Field(False, description="Log request bodies (prompts). Off by default.")
-    access_log: bool = Field(False, description="uvicorn access log (costs latency).")
+    access_log: bool = Field(
+        False,
+        description="uvicorn access log (costs latency); with it, X-Forwarded-For from "
+        "127.0.0.1 gives the logged client address.",
+    )
     max_body_bytes: int = Field(
         32 * 1024 * 1024, gt=0, description="Largest request body accepted; beyond it: 413."
     )

@@ -137,20 +137,34 @@ class Relay:
         self, body: dict[str, Any], opts: TransformOptions, lease: Lease
     ) -> None:
         """The gateway split the text, so vLLM could not count: ask the worker's tokenizer."""
-        usage = body.get("usage")
-        if not isinstance(usage, dict) or usage.get("completion_tokens_details"):
-            return
         texts = [
             c["message"].get(opts.keys[0]) or ""
             for c in body.get("choices", [])
             if isinstance(c, dict) and isinstance(c.get("message"), dict)
         ]
-        worker = self.proxy.registry.get(lease.worker)
-        if worker is None or worker.url is None or not any(texts):
+        await self._add_reasoning_tokens(body, texts, lease)
+
+    async def _add_reasoning_tokens(
+        self, obj: dict[str, Any], texts: list[str], lease: Lease
+    ) -> None:
+        """Set ``usage.completion_tokens_details.reasoning_tokens`` of a body or final stream
+        chunk from the worker's ``/tokenize`` of ``texts``; left alone when the worker counted
+        token ids itself, when there is no reasoning, or when the worker cannot count."""
+        usage = obj.get("usage")
+        if not isinstance(usage, dict) or not any(texts):
             return
-        counts = [await self._tokens(worker.url, body.get("model"), t) for t in texts if t]
-        if None not in counts:
-            usage["completion_tokens_details"] = {"reasoning_tokens": sum(c or 0 for c in counts)}
+        details = usage.get("completion_tokens_details")
+        if isinstance(details, dict) and isinstance(details.get("reasoning_tokens"), int):
+            return  # the worker counted token ids; keep its number
+        worker = self.proxy.registry.get(lease.worker)
+        if worker is None or worker.url is None:
+            return
+        counts = [await self._tokens(worker.url, obj.get("model"), t) for t in texts if t]
+        if None in counts:
+            return
+        new = {**(details if isinstance(details, dict) else {})}
+        new["reasoning_tokens"] = sum(c or 0 for c in counts)
+        obj["usage"] = {**usage, "completion_tokens_details": new}
 
     async def _tokens(self, url: str, model: object, text: str) -> int | None:
         req = {"model": model, "prompt": text, "add_special_tokens": False}
@@ -255,31 +269,9 @@ class Relay:
                     continue
                 for o in t.feed(obj):
                     if t.counts_later and "usage" in o and not o.get("choices"):
-                        await self._count_stream_reasoning(o, t, lease)
+                        await self._add_reasoning_tokens(o, t.reasoning_texts(), lease)
                     out += frame(o)
         return bytes(out)
-
-    async def _count_stream_reasoning(
-        self, chunk: dict[str, Any], t: ChatStreamTransformer, lease: Lease
-    ) -> None:
-        """The final usage chunk of a stream the gateway split: ``reasoning_tokens`` from the
-        worker's tokenizer, as for whole bodies (left out when the worker cannot count)."""
-        usage = chunk.get("usage")
-        if not isinstance(usage, dict):
-            return
-        details = usage.get("completion_tokens_details")
-        if isinstance(details, dict) and isinstance(details.get("reasoning_tokens"), int):
-            return  # the worker counted token ids; keep its number
-        worker = self.proxy.registry.get(lease.worker)
-        texts = t.reasoning_texts()
-        if worker is None or worker.url is None:
-            return
-        counts = [await self._tokens(worker.url, chunk.get("model"), text) for text in texts]
-        if None in counts:
-            return
-        new = {**(details if isinstance(details, dict) else {})}
-        new["reasoning_tokens"] = sum(c or 0 for c in counts)
-        chunk["usage"] = {**usage, "completion_tokens_details": new}
 
     def _stream_usage(self, plan: StreamPlan, lease: Lease, chunk: bytes) -> None:
         for line in chunk.split(b"\n"):

@@ -14,7 +14,6 @@ a stream stops, so nothing runs for a client that has gone.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, cast
@@ -31,9 +30,9 @@ from gpupool.gateway.api.middleware import (
 )
 from gpupool.gateway.api.openai_routes import BODY_ROUTES, BodyHandler
 from gpupool.gateway.api.protocol import CoalescingCycle
+from gpupool.gateway.api.responses import write_reply
 from gpupool.gateway.errors import GatewayError, RequestTimeout
-from gpupool.gateway.reply import Reply
-from gpupool.gateway.security.middleware import Authenticator, principal_state, reject
+from gpupool.gateway.security.middleware import Authenticator, reject
 
 if TYPE_CHECKING:
     from gpupool.config.models import GpupoolConfig
@@ -50,7 +49,6 @@ class MethodNotAllowed(GatewayError):
 class Front:
     def __init__(self, app: Starlette, cfg: GpupoolConfig) -> None:
         self.app = app
-        self.cfg = cfg
         self.auth = Authenticator(cfg.auth)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -79,8 +77,7 @@ class Front:
         except GatewayError as e:
             await reject(e, send, extra)
             return
-        state = principal_state(principal) if principal is not None else {}
-        incoming = Incoming(rid.decode("latin-1"), headers, principal, state)
+        incoming = Incoming(rid.decode("latin-1"), headers, principal)
         task = asyncio.current_task()
         assert task is not None
         gone: list[bool] = []
@@ -96,7 +93,7 @@ class Front:
                 await reject(GatewayError("Internal server error."), send, extra)
                 return
             try:
-                await _write(reply, send, extra)
+                await write_reply(reply, send, extra)
             finally:
                 watcher.cancel()
                 if reply.after is not None:
@@ -147,33 +144,6 @@ async def _body(svc: Services, headers: list[tuple[bytes, bytes]], receive: Rece
 def _expire(task: asyncio.Task[None], expired: list[bool]) -> None:
     expired.append(True)
     task.cancel()
-
-
-def _raw(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
-    return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers]
-
-
-async def _write(reply: Reply, send: Send, extra: list[tuple[bytes, bytes]]) -> None:
-    headers = _raw(reply.headers)
-    headers += extra
-    if reply.stream is None:
-        headers.append((b"content-length", str(len(reply.body)).encode()))
-        await send({"type": "http.response.start", "status": reply.status, "headers": headers})
-        await send({"type": "http.response.body", "body": reply.body})
-        return
-    stream = reply.stream
-    try:
-        await send({"type": "http.response.start", "status": reply.status, "headers": headers})
-        async for chunk in stream:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-    except OSError:
-        pass  # the client went away while we wrote
-    finally:
-        aclose = getattr(stream, "aclose", None)
-        if aclose is not None:
-            with contextlib.suppress(Exception):
-                await aclose()
 
 
 class _Watch:

@@ -2,18 +2,17 @@
 
 The generate and pass-through routes run on every token-bearing request, so they never build a
 Starlette ``Request`` (a headers object, a URL, a state wrapper): they read the raw header list
-once and keep what the front door (``front.py``) learned about the caller in ``state``.
+once and keep who the caller is (``principal``), as the front door (``front.py``) found it.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from gpupool.gateway.errors import InvalidBody
 from gpupool.gateway.security.keys import Principal
-from gpupool.gateway.upstream.client import DROP_REQUEST_HEADERS
+from gpupool.gateway.upstream.common import DROP_REQUEST_HEADERS
 
 
 @dataclass(slots=True)
@@ -21,7 +20,6 @@ class Incoming:
     request_id: str
     headers: list[tuple[bytes, bytes]]
     principal: Principal | None = None
-    state: dict[str, Any] = field(default_factory=dict)
 
     def header(self, name: bytes) -> str | None:
         """The first value of header ``name`` (lower case), or None."""
@@ -39,6 +37,11 @@ class Incoming:
             return float(value)
         except ValueError:
             raise InvalidBody(f"Header `{name.decode()}` must be a number.") from None
+
+    def priority_range(self) -> tuple[int, int] | None:
+        """The priorities the caller's key may ask for, or None without a key."""
+        key = self.principal.key if self.principal is not None else None
+        return (key.priority_min, key.priority_max) if key is not None else None
 
     def tenant(self) -> str:
         """The key's tenant; without auth, a stable hash of the presented key (or anonymous)."""

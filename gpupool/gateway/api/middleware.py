@@ -35,11 +35,7 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        rid = request_id_of(scope["headers"])
-        if not rid:
-            rid = new_request_id()
-            scope["headers"] = [*scope["headers"], (b"x-request-id", rid)]
-        scope.setdefault("state", {})["request_id"] = rid.decode("latin-1")
+        rid = request_id_of(scope["headers"]) or new_request_id()
         token = current_request_id.set(rid.decode("latin-1"))
 
         async def send_with_id(message: Message) -> None:

@@ -35,9 +35,9 @@ log = logging.getLogger("gpupool.requests")
 def context(incoming: Incoming, req: Generate | None = None) -> Context:
     prio = incoming.number(b"x-gpupool-priority")
     priority = int(prio) if prio is not None else (req.priority if req and req.priority else 0)
-    lo, hi = incoming.state.get("priority_range", (None, None))
-    if lo is not None:
-        priority = min(max(priority, lo), hi)
+    allowed = incoming.priority_range()
+    if allowed is not None:
+        priority = min(max(priority, allowed[0]), allowed[1])
     headers = incoming.forward_headers()
     headers["content-type"] = "application/json"
     headers["x-request-id"] = incoming.request_id

@@ -1,8 +1,9 @@
 """Authentication as pure ASGI middleware: 401 without a valid key, 403 for the wrong kind.
 
 ``/health`` is always open, ``/metrics`` when the config says so; ``/admin/*`` needs the admin
-key; every other route needs a client key (or the admin key). The caller's identity goes into
-``scope["state"]`` (tenant, priority range, allowed models) for the handlers.
+key; every other route needs a client key (or the admin key). The token-bearing routes are
+checked by the front door (``gateway/api/front.py``) with the same :class:`Authenticator`, which
+also hands the caller's identity to their handlers.
 """
 
 from __future__ import annotations
@@ -39,14 +40,6 @@ class Authenticator:
         return principal
 
 
-def principal_state(principal: Principal) -> dict[str, object]:
-    """What handlers read from ``scope["state"]`` about an authenticated caller."""
-    state: dict[str, object] = {"principal": principal, "tenant": principal.tenant}
-    if principal.key is not None:
-        state["priority_range"] = (principal.key.priority_min, principal.key.priority_max)
-    return state
-
-
 class AuthMiddleware:
     def __init__(self, app: ASGIApp, cfg: AuthConfig) -> None:
         self.app = app
@@ -57,12 +50,10 @@ class AuthMiddleware:
             await self.app(scope, receive, send)
             return
         try:
-            principal = self.auth.check(scope["path"], scope["headers"])
+            self.auth.check(scope["path"], scope["headers"])
         except GatewayError as e:
             await reject(e, send)
             return
-        if principal is not None:
-            scope.setdefault("state", {}).update(principal_state(principal))
         await self.app(scope, receive, send)
 
 

@@ -1,4 +1,4 @@
-"""The gateway's HTTP clients to workers, and the one place transport errors are mapped.
+"""The gateway's HTTP clients to workers: the lean data path and the control session.
 
 Two paths, two tools. Requests that carry tokens go through :class:`Http1Pool` (``http1.py``), a
 lean keep-alive HTTP/1.1 client on asyncio protocols and httptools: ``open()`` returns an
@@ -7,7 +7,8 @@ byte reaches the client) whether to retry elsewhere, then reads the whole body o
 chunks. Control traffic (health checks, metrics scrapes, warm-up) uses an aiohttp session,
 ``UpstreamClient.session``: it runs a few times a second, not per request.
 
-Every failure is an :class:`UpstreamFailure`, whose message never contains the worker's address.
+Every data-path failure is an :class:`UpstreamFailure`, whose message never contains the worker's
+address.
 """
 
 from __future__ import annotations
@@ -16,34 +17,12 @@ from collections.abc import Mapping
 
 import aiohttp
 
-from gpupool.gateway.upstream.common import (
-    DROP_REQUEST_HEADERS,
-    DROP_RESPONSE,
-    UpstreamFailure,
-)
+from gpupool.gateway.upstream.common import UpstreamFailure
 from gpupool.gateway.upstream.http1 import Http1Pool, Http1Response
 
 UpstreamResponse = Http1Response
 
-__all__ = [
-    "DROP_REQUEST_HEADERS",
-    "DROP_RESPONSE",
-    "UpstreamClient",
-    "UpstreamFailure",
-    "UpstreamResponse",
-    "map_error",
-]
-
-
-def map_error(e: BaseException, *, sent: bool) -> UpstreamFailure:
-    """An aiohttp or OS error of the control session, as an :class:`UpstreamFailure`."""
-    if isinstance(e, aiohttp.ClientConnectorError):
-        return UpstreamFailure("worker unreachable", sent=False)
-    if isinstance(e, TimeoutError | aiohttp.ServerTimeoutError):
-        return UpstreamFailure("worker timed out", sent=sent)
-    if isinstance(e, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
-        return UpstreamFailure("worker closed the connection", sent=sent, died=True)
-    return UpstreamFailure(f"worker connection failed ({type(e).__name__})", sent=sent)
+__all__ = ["UpstreamClient", "UpstreamFailure", "UpstreamResponse"]
 
 
 class UpstreamClient:

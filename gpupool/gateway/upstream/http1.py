@@ -10,8 +10,9 @@ that, with the behaviour of :class:`~gpupool.gateway.upstream.client.UpstreamCli
 - ``open()`` returns an :class:`Http1Response` once the status and headers are in; the caller then
   reads the whole body or iterates raw chunks, and the connection goes back to the pool at the
   clean end of the body (or is dropped by ``close()``).
-- Every failure is an :class:`UpstreamFailure` with the same meaning as ``map_error`` gives for
-  aiohttp, and a message that never contains the worker's address.
+- Every failure is an :class:`UpstreamFailure` (``sent``: the request may have reached the
+  worker; ``died``: the worker closed the connection), with a message that never contains the
+  worker's address.
 
 A connection taken from the idle pool that the worker had just closed (EOF or reset before any
 response byte) is retried once on a fresh connection: uvicorn closes idle connections after 5 s,
