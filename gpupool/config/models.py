@@ -39,6 +39,18 @@ class ServerConfig(_Strict):
     )
     max_json_depth: int = Field(64, gt=0, description="Deepest JSON nesting accepted; 400 beyond.")
     max_n: int = Field(16, gt=0, description="Most choices (`n`) one request may ask for.")
+    max_sequences: int = Field(
+        256,
+        gt=0,
+        description="Most sequences one request may generate or embed: `n` x prompts for "
+        "completions, inputs for embeddings; beyond it: 400.",
+    )
+    max_json_containers: int = Field(
+        200_000,
+        gt=0,
+        description="Most JSON arrays and objects in a body (counted as `[` and `{` bytes); "
+        "bounds the gateway's parsing time (a few ms at the limit); beyond it: 400.",
+    )
     max_header_bytes: int = Field(
         64 * 1024, gt=0, description="Largest request line plus headers; beyond it: 431."
     )

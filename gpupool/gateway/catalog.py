@@ -7,7 +7,7 @@ import uuid
 from typing import Any
 
 from gpupool.config.models import ModelConfig
-from gpupool.gateway.errors import ModelNotFound
+from gpupool.gateway.errors import Forbidden, ModelNotFound
 from gpupool.workers.registry import Registry
 
 
@@ -20,31 +20,56 @@ class Catalog:
         self._default = models[0]
         self._created = int(time.time())
 
-    def resolve(self, name: str | None) -> ModelConfig:
-        """The model a request names (or the first model when it names none, as vLLM)."""
+    def resolve(self, name: str | None, allowed: frozenset[str] | None = None) -> ModelConfig:
+        """The model a request names (or the first model when it names none, as vLLM).
+
+        ``allowed``: the names a key may use (None: all). A key sees only those, in errors
+        too: an unknown name lists only its models; a model it may not use is a 403.
+        """
         if name is None:
-            return self._default
+            return self._default_for(allowed)
         m = self._by_name.get(name)
         if m is None:
-            raise ModelNotFound(name, sorted(self._by_name))
+            raise ModelNotFound(name, self.names(allowed))
+        if allowed is not None and not self._permits(m, allowed):
+            raise Forbidden(f"This key may not use model `{name}`.", param="model")
         return m
 
-    def names(self) -> list[str]:
-        return sorted(self._by_name)
+    def _default_for(self, allowed: frozenset[str] | None) -> ModelConfig:
+        if allowed is None or self._permits(self._default, allowed):
+            return self._default
+        for n in self.names(allowed):
+            return self._by_name[n]
+        raise Forbidden("This key may not use any model.", param="model")
 
-    def cards(self, registry: Registry) -> list[dict[str, Any]]:
+    @staticmethod
+    def _permits(m: ModelConfig, allowed: frozenset[str]) -> bool:
+        return m.name in allowed or any(a in allowed for a in m.aliases)
+
+    def names(self, allowed: frozenset[str] | None = None) -> list[str]:
+        return sorted(n for n, m in self._by_name.items()
+                      if allowed is None or self._permits(m, allowed))  # fmt: skip
+
+    def cards(
+        self, registry: Registry, allowed: frozenset[str] | None = None
+    ) -> list[dict[str, Any]]:
         cards = []
         for name, m in self._by_name.items():
+            if allowed is not None and not self._permits(m, allowed):
+                continue
             windows = [w.window or 0 for w in registry.ready_of_model(m.name)]
             if windows:
                 cards.append(self._card(name, m, max(windows)))
         return cards
 
-    def card(self, name: str, registry: Registry) -> dict[str, Any]:
-        for c in self.cards(registry):
+    def card(
+        self, name: str, registry: Registry, allowed: frozenset[str] | None = None
+    ) -> dict[str, Any]:
+        cards = self.cards(registry, allowed)
+        for c in cards:
             if c["id"] == name:
                 return c
-        raise ModelNotFound(name, [c["id"] for c in self.cards(registry)])
+        raise ModelNotFound(name, [c["id"] for c in cards])
 
     def _card(self, name: str, m: ModelConfig, window: int) -> dict[str, Any]:
         return {

@@ -27,7 +27,7 @@ async def apply_reload(svc: Services, new: GpupoolConfig) -> dict[str, list[str]
     await asyncio.gather(*(_retire(svc, n) for n in (*removed, *changed)))
     svc.cfg.models = new.models
     svc.cfg.workers = new.workers
-    svc.catalog = svc.proxy.catalog = Catalog(new.models)
+    svc.catalog = svc.pipeline.catalog = Catalog(new.models)
     for n in (*changed, *added):
         wc = fresh[n]
         worker = make_worker(wc, new.model(wc.model), new.routing.default_capacity)

@@ -18,7 +18,7 @@ from gpupool.gateway.admission.factory import build_admission, new_replica_id
 from gpupool.gateway.catalog import Catalog
 from gpupool.gateway.errors import BadRequest
 from gpupool.gateway.metrics import Metrics
-from gpupool.gateway.proxy import Proxy
+from gpupool.gateway.pipeline.pipeline import Pipeline
 from gpupool.gateway.routing.policy import Router
 from gpupool.gateway.security.limits import KeyLimits
 from gpupool.gateway.upstream.client import UpstreamClient
@@ -76,7 +76,7 @@ class Services:
     metrics: Metrics
     client: UpstreamClient
     admission: Admission
-    proxy: Proxy
+    pipeline: Pipeline
     poller: RemotePoller
     supervisor: Supervisor
     key_limits: KeyLimits
@@ -109,9 +109,7 @@ class Services:
             await self.supervisor.drain(worker.name, timeout_s)
             return
         self.registry.transition(worker, WorkerState.draining)
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        while worker.inflight and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110
-            await asyncio.sleep(0.05)  # in-flight counts live in the registry, polled
+        await self.registry.wait_idle(worker, timeout_s)
         self.registry.transition(worker, WorkerState.stopped)
 
     async def undrain(self, worker: Worker) -> None:
@@ -186,7 +184,6 @@ def build_services(
     admission = admission or build_admission(cfg.queue, RegistryView(registry), replica)
     catalog = Catalog(cfg.models)
     router = Router(cfg.routing.affinity_max_load, cfg.routing.prefix_affinity)
-    proxy = Proxy(cfg, registry, catalog, router, admission, client, metrics)
     poller = RemotePoller(registry, client.session, cfg.routing)
     launched = [wc for wc in cfg.workers if wc.launch is not None]
     cache_keys = detect_cache_keys(launched, discover_gpus()) if launched else {}
@@ -197,8 +194,9 @@ def build_services(
     )  # fmt: skip
     redis_url = cfg.queue.redis_url if cfg.queue.backend is QueueBackend.redis else None
     key_limits = KeyLimits(redis_url, cfg.queue.redis_prefix)
+    pipeline = Pipeline(cfg, registry, catalog, router, admission, client, metrics, key_limits)
     services = Services(
-        cfg, registry, catalog, metrics, client, admission, proxy, poller, supervisor,
+        cfg, registry, catalog, metrics, client, admission, pipeline, poller, supervisor,
         key_limits, replica, config_path=config_path,
     )  # fmt: skip
     registry.on_change(services.on_worker_change)

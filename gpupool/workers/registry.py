@@ -1,11 +1,14 @@
 """The worker registry: the one owner of worker state.
 
 Routing reads it; the remote poller and the supervisor write it; admin endpoints show it.
-Nothing here does I/O.
+Per-request counters (in flight, requests, consecutive failures) change only through the
+registry's methods (``started``, ``finished``, ``succeeded``, ``failed``); a drain waits on
+:meth:`Registry.wait_idle`, woken when the last request ends. Nothing here does I/O.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -96,6 +99,7 @@ class Registry:
     def __init__(self) -> None:
         self._workers: dict[str, Worker] = {}
         self._listeners: list[Listener] = []
+        self._idle: dict[str, asyncio.Event] = {}
 
     def add(self, worker: Worker) -> None:
         self._workers[worker.name] = worker
@@ -129,3 +133,56 @@ class Registry:
         worker.set_state(state)
         for listener in self._listeners:
             listener(worker, old)
+
+    # ---- per-request counters: the one place they change ----------------------------------
+
+    def started(self, name: str) -> None:
+        """A request took a slot on ``name``."""
+        w = self._workers.get(name)
+        if w is not None:
+            w.inflight += 1
+            w.requests_total += 1
+
+    def finished(self, name: str) -> None:
+        """A request gave its slot on ``name`` back (exactly once per ``started``)."""
+        w = self._workers.get(name)
+        if w is None:
+            return
+        w.inflight = max(0, w.inflight - 1)
+        if w.inflight == 0:
+            event = self._idle.pop(name, None)
+            if event is not None:
+                event.set()
+
+    def succeeded(self, name: str) -> None:
+        """A request on ``name`` got an answer: its failure streak ends."""
+        w = self._workers.get(name)
+        if w is not None:
+            w.consecutive_failures = 0
+
+    def failed(self, name: str, reason: str, threshold: int) -> Worker | None:
+        """A request could not reach ``name``. After ``threshold`` in a row an unsupervised
+        ready worker is taken out (``failed``; its poller brings it back). Returns the worker."""
+        w = self._workers.get(name)
+        if w is None:
+            return None
+        w.consecutive_failures += 1
+        w.last_error = reason
+        if (
+            w.consecutive_failures >= threshold
+            and w.state is WorkerState.ready
+            and (not w.supervised)
+        ):
+            self.transition(w, WorkerState.failed)
+        return w
+
+    async def wait_idle(self, worker: Worker, timeout_s: float) -> bool:
+        """Wait until ``worker`` has nothing in flight (True) or ``timeout_s`` passes (False)."""
+        if worker.inflight == 0:
+            return True
+        event = self._idle.setdefault(worker.name, asyncio.Event())
+        try:
+            await asyncio.wait_for(event.wait(), timeout_s)
+        except TimeoutError:
+            return worker.inflight == 0
+        return True

@@ -43,6 +43,11 @@ class Incoming:
         key = self.principal.key if self.principal is not None else None
         return (key.priority_min, key.priority_max) if key is not None else None
 
+    def allowed_models(self) -> frozenset[str] | None:
+        """The model names (or aliases) the caller's key may use, or None for all."""
+        key = self.principal.key if self.principal is not None else None
+        return frozenset(key.models) if key is not None and key.models is not None else None
+
     def tenant(self) -> str:
         """The key's tenant; without auth, a stable hash of the presented key (or anonymous)."""
         if self.principal is not None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from limits import RateLimitItemPerMinute
@@ -49,14 +48,16 @@ class Hold:
     principal: Principal | None
     closed: bool = False
 
-    async def close(self, tokens: int) -> None:
+    async def close(self, tokens: int | None) -> None:
         if self.closed or self.limits is None or self.principal is None:
             return
         self.closed = True
-        await self.limits.done(self.principal, tokens)
+        await self.limits.done(self.principal, tokens or 0)
 
 
 class KeyLimits:
+    default_completion_tokens = 4096
+
     def __init__(self, redis_url: str | None = None, prefix: str = "gpupool") -> None:
         storage: Storage
         if redis_url:
@@ -66,7 +67,7 @@ class KeyLimits:
         self.limiter = SlidingWindowCounterRateLimiter(storage)
         self.concurrency = _Concurrency()
 
-    async def admit(self, principal: Principal | None) -> Hold:
+    async def admit(self, principal: Principal | None, reserve_tokens: int = 0) -> Hold:
         key = principal.key if principal else None
         if principal is None or key is None or not (key.rpm or key.tpm or key.max_concurrent):
             return Hold(None, None)
@@ -119,14 +120,3 @@ class KeyLimits:
                 await self.limiter.hit(item, "tpm", name, cost=cost)
         except Exception as e:
             log.warning("rate-limit storage unavailable (%s); tokens not counted", type(e).__name__)
-
-
-async def close_after(
-    stream: AsyncIterator[bytes], hold: Hold, tokens: list[int]
-) -> AsyncIterator[bytes]:
-    """Pass a stream through, closing the hold when it ends however it ends."""
-    try:
-        async for chunk in stream:
-            yield chunk
-    finally:
-        await hold.close(sum(tokens))

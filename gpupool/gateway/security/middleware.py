@@ -50,10 +50,12 @@ class AuthMiddleware:
             await self.app(scope, receive, send)
             return
         try:
-            self.auth.check(scope["path"], scope["headers"])
+            principal = self.auth.check(scope["path"], scope["headers"])
         except GatewayError as e:
             await reject(e, send)
             return
+        if principal is not None:  # the model list shows a key only its models
+            scope.setdefault("state", {})["principal"] = principal
         await self.app(scope, receive, send)
 
 

@@ -1,0 +1,36 @@
+"""The workers that may serve a request, best first, or the error that says why none may.
+
+Routing's policy (``gateway/routing/policy.py``) ranks; this reads the registry and turns an
+empty answer into the client's error: no live worker (503), media no worker admits (400), a
+prompt no window holds (vLLM's context-length 400).
+"""
+
+from __future__ import annotations
+
+from gpupool.gateway.errors import ContextLengthExceeded, MediaRejected, UpstreamUnavailable
+from gpupool.gateway.routing.policy import Router, RouteRequest
+from gpupool.workers.registry import Registry, Worker, WorkerState
+
+_LIVE = (WorkerState.starting, WorkerState.warming, WorkerState.ready)
+
+
+class Candidates:
+    def __init__(self, registry: Registry, router: Router) -> None:
+        self.registry = registry
+        self.router = router
+
+    def of(self, route: RouteRequest, model: str) -> list[Worker]:
+        live = [w for w in self.registry.of_model(model) if w.state in _LIVE]
+        if not live:
+            raise UpstreamUnavailable(f"No worker for model `{model}` is available.")
+        decision = self.router.decide(route, live)
+        if decision.candidates:
+            return decision.candidates
+        if decision.media_refused:
+            raise MediaRejected(
+                f"No worker of model `{model}` accepts {route.image} image(s), "
+                f"{route.video} video(s) and {route.audio} audio item(s) in one prompt.",
+                param="messages",
+            )
+        window = decision.too_long_for or 0
+        raise ContextLengthExceeded(window, min(route.prompt_tokens, window + 1))

@@ -1,0 +1,82 @@
+"""Who asks, and how: the request's context from its headers, every value validated.
+
+``x-gpupool-priority`` (an integer; the body's ``priority`` otherwise), clamped to the key's
+range; ``x-gpupool-max-wait`` (seconds, finite, ≥ 0); ``x-gpupool-queue-events`` (a queued
+stream gets ``: queued position=N`` comments instead of waiting silently). A bad value is a
+400 naming the header, never a 500.
+"""
+
+from __future__ import annotations
+
+import math
+
+from gpupool.gateway.api.incoming import Incoming
+from gpupool.gateway.errors import InvalidBody
+from gpupool.gateway.parse import PRIORITY_BOUND, Parsed
+from gpupool.gateway.pipeline.exchange import Context
+
+PRIORITY = b"x-gpupool-priority"
+MAX_WAIT = b"x-gpupool-max-wait"
+QUEUE_EVENTS = b"x-gpupool-queue-events"
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off", ""})
+
+
+def build_context(incoming: Incoming, req: Parsed) -> Context:
+    priority = _priority_header(incoming)
+    if priority is None:
+        priority = req.priority or 0
+    allowed = incoming.priority_range()
+    if allowed is not None:
+        priority = min(max(priority, allowed[0]), allowed[1])
+    headers = incoming.forward_headers()
+    headers["content-type"] = "application/json"
+    headers["x-request-id"] = incoming.request_id
+    return Context(
+        incoming.request_id, incoming.tenant(), priority, _max_wait(incoming), headers,
+        _flag(incoming, QUEUE_EVENTS),
+    )  # fmt: skip
+
+
+def _number(incoming: Incoming, name: bytes) -> float | None:
+    value = incoming.header(name)
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number):
+        raise InvalidBody(f"Header `{name.decode()}` must be a finite number.")
+    return number
+
+
+def _priority_header(incoming: Incoming) -> int | None:
+    number = _number(incoming, PRIORITY)
+    if number is None:
+        return None
+    if number != int(number) or abs(number) > PRIORITY_BOUND:
+        raise InvalidBody(
+            f"Header `{PRIORITY.decode()}` must be an integer between "
+            f"{-PRIORITY_BOUND} and {PRIORITY_BOUND}."
+        )
+    return int(number)
+
+
+def _max_wait(incoming: Incoming) -> float | None:
+    number = _number(incoming, MAX_WAIT)
+    if number is not None and number < 0:
+        raise InvalidBody(f"Header `{MAX_WAIT.decode()}` must be 0 or more seconds.")
+    return number
+
+
+def _flag(incoming: Incoming, name: bytes) -> bool:
+    value = incoming.header(name)
+    if value is None:
+        return False
+    v = value.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise InvalidBody(f"Header `{name.decode()}` must be true or false.")

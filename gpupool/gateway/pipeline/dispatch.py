@@ -1,0 +1,121 @@
+"""Sending an exchange to its worker, retrying elsewhere before the first byte goes back.
+
+This is also the one place where the data path's transport failures become the gateway's
+errors (:func:`failure_error`): a worker's address or a traceback never reaches a client.
+"""
+
+from __future__ import annotations
+
+from gpupool.config.models import RoutingConfig
+from gpupool.gateway.errors import (
+    GatewayError,
+    UpstreamError,
+    UpstreamUnavailable,
+)
+from gpupool.gateway.metrics import Metrics
+from gpupool.gateway.pipeline.candidates import Candidates
+from gpupool.gateway.pipeline.exchange import Exchange
+from gpupool.gateway.pipeline.slots import Slots
+from gpupool.gateway.routing.policy import RouteRequest
+from gpupool.gateway.upstream.client import UpstreamClient, UpstreamFailure
+from gpupool.workers.registry import Registry, Worker
+
+# vLLM's 400s for a prompt its window cannot hold (too long; or exactly the window, no room left)
+_CONTEXT_MARKERS = (b"maximum context length", b"decoder prompt", b"must be at least 1, got 0")
+
+
+def failure_error(e: UpstreamFailure, phase: str) -> UpstreamError:
+    """The client's view of a transport failure ``phase`` (``before answering``, ``mid-stream``)."""
+    return UpstreamError(f"The worker failed {phase} ({e}).")
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        routing: RoutingConfig,
+        registry: Registry,
+        candidates: Candidates,
+        client: UpstreamClient,
+        slots: Slots,
+        metrics: Metrics,
+    ) -> None:
+        self.routing = routing
+        self.registry = registry
+        self.candidates = candidates
+        self.client = client
+        self.slots = slots
+        self.metrics = metrics
+
+    async def send(self, ex: Exchange) -> bytes | None:
+        """Open the exchange's request on its worker, moving it to another worker on a
+        connection error, a 5xx or a context-length 400 while nothing went back yet.
+
+        Sets ``ex.resp``; returns the body when it had to be read (an error passed on).
+        Raises a :class:`GatewayError`; whatever the exchange holds, ``ex.aclose()`` frees.
+        """
+        plan = ex.plan
+        while True:
+            worker = self.registry.get(ex.worker)
+            try:
+                if worker is None or worker.url is None:
+                    raise UpstreamFailure("worker went away", sent=False)
+                resp = await self.client.open("POST", worker.url + plan.kind.path, plan.body,
+                                              plan.ctx.headers)  # fmt: skip
+                ex.resp = resp
+                if resp.status < 400:
+                    return None
+                data = await resp.read()
+            except UpstreamFailure as e:
+                if e.sent and not (e.died and worker is not None and worker.routable):
+                    self._failed(ex.worker, str(e))
+                    ex.status = "upstream_error"
+                    raise failure_error(e, "while handling the request") from None
+                await self._retry(ex, e.args[0], worker)
+                continue
+            reason = self._retryable(resp.status, data, worker, ex)
+            if reason is None or len(plan.tried) >= self.routing.retries:
+                return data
+            await self._retry(ex, reason, worker, failure=reason != "context_length")
+
+    def _retryable(self, status: int, data: bytes, worker: Worker, ex: Exchange) -> str | None:
+        if status >= 500:
+            return f"status {status}"
+        if status == 400 and any(m in data for m in _CONTEXT_MARKERS):
+            r = ex.plan.route
+            ex.plan.route = RouteRequest(
+                r.model, max(r.prompt_tokens, worker.window or 0), True, r.max_tokens,
+                r.image, r.video, r.audio, r.prefix_key,
+            )  # fmt: skip
+            return "context_length"
+        return None
+
+    async def _retry(
+        self, ex: Exchange, reason: str, worker: Worker | None, failure: bool = True
+    ) -> None:
+        """Give the slot back and take one on another candidate (the exchange follows)."""
+        plan = ex.plan
+        if ex.resp is not None:
+            ex.resp.close()
+            ex.resp = None
+        await self.slots.give(ex.lease)
+        plan.tried.add(ex.worker)
+        if worker is not None:
+            if failure:
+                self._failed(worker.name, reason)
+            self.metrics.retries.labels(worker.model, worker.name, reason.split()[0]).inc()
+        if len(plan.tried) > self.routing.retries:
+            raise UpstreamError("The worker failed and retries are exhausted.")
+        try:
+            ranked = self.candidates.of(plan.route, plan.model.name)
+        except GatewayError:
+            ranked = []
+        remaining = [w.name for w in ranked if w.name not in plan.tried]
+        if not remaining:
+            raise UpstreamUnavailable("The worker failed and no other worker can take it.")
+        plan.ticket.candidates = remaining
+        ex.lease = await self.slots.take(plan.ticket)
+
+    def _failed(self, name: str, reason: str) -> None:
+        w = self.registry.failed(name, reason, self.routing.fail_threshold)
+        if w is not None:
+            self.metrics.errors.labels(w.model, w.name, "upstream").inc()

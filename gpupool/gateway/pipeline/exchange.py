@@ -1,0 +1,141 @@
+"""One admitted request and everything it holds, released in one place.
+
+An :class:`Exchange` is made the moment a request owns a worker slot (and its key's hold). It
+owns the slot (the lease follows retries to other workers), the key's hold (concurrency slot
+and reserved tokens), and the worker's response. :meth:`Exchange.aclose` is the only place
+that returns them, settles the key's tokens from the usage seen, closes the worker connection
+and records the request's metrics. The front door calls it once the reply is written, failed
+or abandoned (``Reply.after``), so no exit skips it: an error, a client that resets while we
+are blocked writing, a stream generator that never started.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gpupool.config.models import ModelConfig
+from gpupool.gateway.admission.base import Lease, Ticket
+from gpupool.gateway.routing.policy import RouteRequest
+from gpupool.gateway.transform.chat import TransformOptions
+
+if TYPE_CHECKING:
+    from gpupool.gateway.metrics import Metrics
+    from gpupool.gateway.pipeline.kinds import Kind
+    from gpupool.gateway.pipeline.slots import Slots
+    from gpupool.gateway.routing.policy import Router
+    from gpupool.gateway.security.limits import Hold
+    from gpupool.gateway.upstream.client import UpstreamResponse
+    from gpupool.workers.registry import Registry
+
+
+@dataclass(slots=True)
+class Context:
+    """Who asks, and how: from the request's headers (``pipeline/context.py``)."""
+
+    request_id: str
+    tenant: str = "anonymous"
+    priority: int = 0
+    max_wait_s: float | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    queue_events: bool = False  # a queued stream wants its `: queued` comments (opt-in)
+
+
+@dataclass(slots=True)
+class Plan:
+    """A request as it is sent: the bytes, where they may go, how the answer is reshaped."""
+
+    kind: Kind
+    model: ModelConfig
+    route: RouteRequest
+    body: bytes
+    stream: bool
+    ctx: Context
+    ticket: Ticket
+    transform: TransformOptions | None = None
+    strip_usage: bool = False  # the gateway asked the worker for a usage chunk the client did not
+    tried: set[str] = field(default_factory=set)
+    started: float = field(default_factory=time.monotonic)
+
+
+class Exchange:
+    __slots__ = ("_closed", "_deps", "completion", "hold", "lease", "plan", "prompt", "resp",
+                 "status")  # fmt: skip
+
+    def __init__(self, deps: ExchangeDeps, plan: Plan, lease: Lease, hold: Hold) -> None:
+        self._deps = deps
+        self.plan = plan
+        self.lease = lease
+        self.hold = hold
+        self.resp: UpstreamResponse | None = None
+        self.status: str = "cancelled"  # until the relay knows better
+        self.prompt = 0
+        self.completion = 0
+        self._closed = False
+
+    @property
+    def worker(self) -> str:
+        return self.lease.worker
+
+    def note_usage(self, usage: object) -> None:
+        """Tokens from a usage object (OpenAI's or Anthropic/Responses' names); the largest
+        seen wins, so cumulative and final usage chunks both count once."""
+        if not isinstance(usage, dict):
+            return
+        p = usage.get("prompt_tokens", usage.get("input_tokens"))
+        c = usage.get("completion_tokens", usage.get("output_tokens"))
+        if isinstance(p, int) and p > self.prompt:
+            self.prompt = p
+        if isinstance(c, int) and c > self.completion:
+            self.completion = c
+
+    @property
+    def tokens(self) -> int | None:
+        """Tokens used, or None when no usage was seen (the reservation then stands)."""
+        total = self.prompt + self.completion
+        return total if total else None
+
+    async def aclose(self) -> None:
+        """Release, settle, close and record: once, whatever happened before."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.resp is not None:
+            self.resp.close()
+        self._record()
+        try:
+            await self._deps.slots.give(self.lease)
+        finally:
+            await self.hold.close(self._used())
+
+    def _used(self) -> int | None:
+        """Tokens to charge: none when the worker never answered or answered an error; the
+        usage seen otherwise; None (the reservation stands) when it worked but said nothing,
+        as a stream cut before its usage chunk."""
+        if self.resp is None or (self.status.isdigit() and self.status != "200"):
+            return 0
+        return self.tokens
+
+    def _record(self) -> None:
+        d, plan, worker = self._deps, self.plan, self.lease.worker
+        model = plan.model.name
+        d.metrics.requests.labels(model, worker, self.status).inc()
+        d.metrics.latency.labels(model, worker).observe(time.monotonic() - plan.started)
+        for kind, n in (("prompt", self.prompt), ("completion", self.completion)):
+            if n:
+                d.metrics.tokens.labels(model, worker, kind).inc(n)
+        if self.status == "200":
+            d.router.served(plan.route, worker)
+            d.registry.succeeded(worker)
+
+
+@dataclass(slots=True)
+class ExchangeDeps:
+    """What an exchange reports to when it closes."""
+
+    slots: Slots
+    registry: Registry
+    router: Router
+    metrics: Metrics
+    extra: dict[str, Any] = field(default_factory=dict)

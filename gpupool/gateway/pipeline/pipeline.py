@@ -1,0 +1,227 @@
+"""One request's way through, the same for every token-bearing route.
+
+    read → resolve the model (the key's models only) → context (headers validated) → rewrite
+    → media policy and limits → route by window → key limits (rate, concurrency, reserved
+    tokens) → admit (a worker slot, or a fair place in the queue) → send (retries before the
+    first byte) → relay → account and release (``Exchange.aclose``, run by the front door
+    however the reply ends)
+
+No HTTP framework here: the front door hands in the route's :class:`Kind`, the caller
+(:class:`Incoming`) and the body, and gets a :class:`Reply` whose ``after`` it must run.
+Stages only call forward; the exchange made at admission owns everything taken after it.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from gpupool.config.models import (
+    GpupoolConfig,
+    MediaLimits,
+    ModelConfig,
+    ReasoningField,
+    ReasoningParser,
+)
+from gpupool.gateway import multimodal
+from gpupool.gateway.admission.base import Admission, Ticket
+from gpupool.gateway.api.incoming import Incoming
+from gpupool.gateway.catalog import Catalog
+from gpupool.gateway.errors import GatewayError
+from gpupool.gateway.metrics import Metrics
+from gpupool.gateway.parse import Parsed, ReadLimits
+from gpupool.gateway.pipeline.candidates import Candidates
+from gpupool.gateway.pipeline.context import build_context
+from gpupool.gateway.pipeline.dispatch import Dispatcher
+from gpupool.gateway.pipeline.exchange import Context, Exchange, ExchangeDeps, Plan
+from gpupool.gateway.pipeline.kinds import Count, Kind, Shape
+from gpupool.gateway.pipeline.queued import QueuedStream
+from gpupool.gateway.pipeline.relay import Relay
+from gpupool.gateway.pipeline.slots import Slots
+from gpupool.gateway.reply import SSE, Reply
+from gpupool.gateway.routing.policy import Router, RouteRequest
+from gpupool.gateway.security.limits import KeyLimits
+from gpupool.gateway.tokens import exact_count, upper_bound
+from gpupool.gateway.transform.chat import TransformOptions, normalize_request_messages
+from gpupool.gateway.upstream.client import UpstreamClient
+from gpupool.workers.registry import Registry
+
+# Bytes that any media part must contain (`\u` covers JSON-escaped spellings of them).
+_MEDIA_MARKERS = (b"image", b"video", b"audio", b"\\u")
+_BYTES_PER_TOKEN = 4  # a prompt's reserved tokens when not counted (the bound is bytes)
+
+
+class Pipeline:
+    def __init__(
+        self,
+        cfg: GpupoolConfig,
+        registry: Registry,
+        catalog: Catalog,
+        router: Router,
+        admission: Admission,
+        client: UpstreamClient,
+        metrics: Metrics,
+        key_limits: KeyLimits,
+    ) -> None:
+        self.cfg = cfg
+        self.registry = registry
+        self.catalog = catalog
+        self.client = client
+        self.key_limits = key_limits
+        self.slots = Slots(admission, registry, metrics)
+        self.candidates = Candidates(registry, router)
+        self.dispatcher = Dispatcher(
+            cfg.routing, registry, self.candidates, client, self.slots, metrics
+        )
+        self.relay = Relay(
+            self.dispatcher, client, registry, metrics, cfg.server.expose_worker_header
+        )
+        self.deps = ExchangeDeps(self.slots, registry, router, metrics)
+        s = cfg.server
+        self.read_limits = ReadLimits(s.max_json_depth, s.max_n, s.max_sequences,
+                                      s.max_json_containers)  # fmt: skip
+
+    async def handle(self, kind: Kind, incoming: Incoming, raw: bytes) -> Reply:
+        req = kind.read(raw, self.read_limits)
+        model = self.catalog.resolve(req.model, incoming.allowed_models())
+        ctx = build_context(incoming, req)
+        media = await self._check_media(req, model)
+        route = await self._route(kind, req, model, media)
+        plan = self._plan(kind, req, model, route, ctx, incoming)
+        hold = await self.key_limits.admit(incoming.principal, self._reserve(plan, req))
+        if plan.stream and ctx.queue_events:
+            queued = QueuedStream(plan, hold, self.slots, self.deps, self.relay)
+            return Reply(200, [("content-type", SSE)], stream=queued.events(), after=queued.aclose)
+        try:
+            lease = await self.slots.take(plan.ticket)
+        except BaseException:
+            await hold.close(0)
+            raise
+        ex = Exchange(self.deps, plan, lease, hold)
+        try:
+            return await (self.relay.stream(ex) if plan.stream else self.relay.whole(ex))
+        except BaseException as e:
+            if isinstance(e, GatewayError) and ex.status == "cancelled":
+                ex.status = str(e.status)
+            await ex.aclose()
+            raise
+
+    # ---- the request as the worker sees it --------------------------------------------------
+
+    def _plan(
+        self, kind: Kind, req: Parsed, model: ModelConfig, route: RouteRequest, ctx: Context,
+        incoming: Incoming,
+    ) -> Plan:  # fmt: skip
+        strip_usage = (
+            req.stream and kind.usage_option and not req.usage_asked and _has_tpm(incoming)
+        )
+        body = self._rewrite(kind, req, model, ctx, strip_usage)
+        names = [w.name for w in self.candidates.of(route, model.name)]
+        wait = self.cfg.queue.max_wait_s
+        if ctx.max_wait_s is not None:
+            wait = min(wait, ctx.max_wait_s)
+        ticket = Ticket(ctx.request_id, model.name, ctx.tenant, ctx.priority, names, wait,
+                        req.stream)  # fmt: skip
+        transform = self._transform(kind, req, model)
+        return Plan(kind, model, route, body, req.stream, ctx, ticket, transform, strip_usage)
+
+    def _rewrite(
+        self, kind: Kind, req: Parsed, model: ModelConfig, ctx: Context, usage: bool
+    ) -> bytes:
+        """The body as the worker must see it; the original bytes when nothing changes.
+
+        The model alias becomes the model's name; assistant history in `reasoning_content`
+        is renamed; a body `priority` outside the key's range is clamped; a stream whose
+        tokens the key's budget must count asks the worker for its usage chunk.
+        """
+        body, changed = req.body, False
+        if req.model is not None and req.model != model.name:
+            body["model"] = model.name
+            changed = True
+        if kind.count is Count.chat and b"reasoning_content" in req.raw:
+            normalize_request_messages(body)
+            changed = True
+        if req.priority is not None and req.priority != ctx.priority:
+            body["priority"] = ctx.priority
+            changed = True
+        if usage:
+            opts = body.get("stream_options")
+            body["stream_options"] = {**(opts if isinstance(opts, dict) else {}),
+                                      "include_usage": True}  # fmt: skip
+            changed = True
+        return orjson.dumps(body) if changed else req.raw
+
+    def _transform(self, kind: Kind, req: Parsed, model: ModelConfig) -> TransformOptions | None:
+        if kind.shape is not Shape.chat:
+            return None
+        plain = model.reasoning is ReasoningParser.none and model.reasoning_field is (
+            ReasoningField.reasoning
+        )
+        if plain and b"include_reasoning" not in req.raw:
+            return None  # the worker's bytes go through untouched
+        opts = TransformOptions.from_request(model, req.body)
+        return opts if opts.needs_transform else None
+
+    def _reserve(self, plan: Plan, req: Parsed) -> int:
+        """The tokens this request may spend at most: reserved from the key's budget up front."""
+        route = plan.route
+        prompt = route.prompt_tokens if route.exact else len(req.raw) // _BYTES_PER_TOKEN
+        if not plan.kind.generates:
+            return prompt
+        completion = req.max_tokens or self.key_limits.default_completion_tokens
+        return prompt + completion * req.sequences
+
+    # ---- media -----------------------------------------------------------------------------
+
+    async def _check_media(self, req: Parsed, model: ModelConfig) -> multimodal.MediaCounts:
+        """Media counts (zero without any media marker in the bytes), after every media check."""
+        if not any(m in req.raw for m in _MEDIA_MARKERS):
+            return multimodal.MediaCounts(0, 0, 0)
+        counts = multimodal.count_media(req.body)
+        multimodal.check_limits(counts, model.limits or self._worker_limits(model))
+        multimodal.check_media_policy(req.body, model)
+        urls = multimodal.extract_remote_urls(req.body)
+        if urls:
+            await multimodal.check_remote_hosts(urls)
+        return counts
+
+    def _worker_limits(self, model: ModelConfig) -> MediaLimits:
+        """Without model limits: the most any of the model's workers admits (its launch flags)."""
+        caps = [w.media for w in self.registry.of_model(model.name)]
+
+        def most(kind: str) -> int | None:
+            values = [getattr(c, kind) for c in caps]
+            return None if not values or None in values else max(values)
+
+        return MediaLimits(image=most("image"), video=most("video"), audio=most("audio"))
+
+    # ---- routing by window -----------------------------------------------------------------
+
+    async def _route(
+        self, kind: Kind, req: Parsed, model: ModelConfig, media: multimodal.MediaCounts
+    ) -> RouteRequest:
+        img, vid, aud = media.image, media.video, media.audio
+
+        def route(tokens: int, exact: bool) -> RouteRequest:
+            return RouteRequest(model.name, tokens, exact, req.max_tokens, img, vid, aud,
+                                req.prefix_key)  # fmt: skip
+
+        bound = upper_bound(req.raw)
+        ready = self.registry.ready_of_model(model.name)
+        windows = [w.window for w in ready if w.window is not None]
+        if not windows or bound < min(windows):
+            return route(bound, False)
+        if kind.count is not Count.none:
+            counter = max(ready, key=lambda w: w.window or 0)
+            assert counter.url is not None
+            chat = kind.count is Count.chat
+            n = await exact_count(self.client, counter.url, req.body, model.name, chat)
+            if n is not None:
+                return route(n, True)
+        # Not counted: a bound is no reason to refuse; the largest window tries, vLLM judges
+        # (and a context-length 400 moves it no further: there is no larger window).
+        return route(min(bound, max(windows) - 1), False)
+
+
+def _has_tpm(incoming: Incoming) -> bool:
+    key = incoming.principal.key if incoming.principal is not None else None
+    return key is not None and key.tpm is not None

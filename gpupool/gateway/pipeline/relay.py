@@ -1,0 +1,253 @@
+"""Relaying a worker's answer to the client: whole bodies and SSE streams.
+
+Bytes pass through untouched unless something must change: a reasoning split or rename (the
+events are parsed and re-framed), or a usage chunk the gateway asked for on the client's behalf
+(dropped again). A stream never ends silently: a worker that dies mid-stream yields vLLM's
+in-stream error event and ``data: [DONE]``. Nothing here releases anything: every reply's
+``after`` is its exchange's ``aclose``, which the front door runs however the reply ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+
+from gpupool.gateway.errors import GatewayError, UpstreamError
+from gpupool.gateway.metrics import Metrics
+from gpupool.gateway.pipeline.dispatch import Dispatcher, failure_error
+from gpupool.gateway.pipeline.exchange import Exchange
+from gpupool.gateway.pipeline.kinds import Shape
+from gpupool.gateway.reply import Reply
+from gpupool.gateway.tokens import tokenize_count
+from gpupool.gateway.transform.chat import (
+    ChatStreamTransformer,
+    TransformOptions,
+    transform_chat_response,
+)
+from gpupool.gateway.transform.sse import frame, iter_events
+from gpupool.gateway.upstream.client import UpstreamClient, UpstreamFailure, UpstreamResponse
+from gpupool.workers.registry import Registry
+
+_DONE = b"data: [DONE]\n\n"
+# vLLM's usage object: numbers, nulls and one level of nested *_details objects
+_USAGE = re.compile(rb'"usage":(\{(?:[^{}]|\{[^{}]*\})*\})')
+
+
+class Relay:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        client: UpstreamClient,
+        registry: Registry,
+        metrics: Metrics,
+        worker_header: bool,
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.client = client
+        self.registry = registry
+        self.metrics = metrics
+        self.worker_header = worker_header
+
+    def _headers(self, resp: UpstreamResponse, ex: Exchange) -> list[tuple[str, str]]:
+        if self.worker_header:
+            return [*resp.headers, ("x-gpupool-worker", ex.worker)]
+        return resp.headers
+
+    # ---- whole bodies ----------------------------------------------------------------------
+
+    async def whole(self, ex: Exchange) -> Reply:
+        data = await self.dispatcher.send(ex)
+        resp = ex.resp
+        assert resp is not None
+        try:
+            if data is None:
+                data = await resp.read()
+        except UpstreamFailure as e:
+            ex.status = "upstream_error"
+            raise failure_error(e, "before answering") from None
+        ex.status = str(resp.status)
+        untouched = None
+        if resp.status == 200 and ex.plan.transform is not None:
+            data = await self._finish_body(ex, data)
+        elif resp.status == 200:
+            untouched = data  # its usage is read after the client has its answer
+        reply = Reply(resp.status, self._headers(resp, ex), data)
+
+        async def after() -> None:
+            try:
+                if untouched is not None:
+                    self._body_usage(ex, untouched)
+            finally:
+                await ex.aclose()
+
+        reply.after = after
+        return reply
+
+    async def _finish_body(self, ex: Exchange, data: bytes) -> bytes:
+        """A 200 body the gateway must rewrite (reasoning split or renamed); usage read too."""
+        opts = ex.plan.transform
+        assert opts is not None
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return data
+        if not isinstance(obj, dict):
+            return data
+        ex.note_usage(obj.get("usage"))
+        out = transform_chat_response(obj, opts)
+        if opts.parser is not None:
+            texts = [
+                c["message"].get(opts.keys[0]) or ""
+                for c in out.get("choices", [])
+                if isinstance(c, dict) and isinstance(c.get("message"), dict)
+            ]
+            await self._add_reasoning_tokens(out, texts, ex)
+        return orjson.dumps(out)
+
+    async def _add_reasoning_tokens(
+        self, obj: dict[str, Any], texts: list[str], ex: Exchange
+    ) -> None:
+        """Set ``usage.completion_tokens_details.reasoning_tokens`` of a body or final stream
+        chunk from the worker's ``/tokenize`` of ``texts``; left alone when the worker counted
+        token ids itself, when there is no reasoning, or when the worker cannot count."""
+        usage = obj.get("usage")
+        if not isinstance(usage, dict) or not any(texts):
+            return
+        details = usage.get("completion_tokens_details")
+        if isinstance(details, dict) and isinstance(details.get("reasoning_tokens"), int):
+            return  # the worker counted token ids; keep its number
+        worker = self.registry.get(ex.worker)
+        if worker is None or worker.url is None:
+            return
+        counts = [await self._tokens(worker.url, obj.get("model"), t) for t in texts if t]
+        if None in counts:
+            return
+        new = {**(details if isinstance(details, dict) else {})}
+        new["reasoning_tokens"] = sum(c or 0 for c in counts)
+        obj["usage"] = {**usage, "completion_tokens_details": new}
+
+    async def _tokens(self, url: str, model: object, text: str) -> int | None:
+        req = {"model": model, "prompt": text, "add_special_tokens": False}
+        return await tokenize_count(self.client, url, req)
+
+    def _body_usage(self, ex: Exchange, data: bytes) -> None:
+        """Read only the ``usage`` object of a body that passes through untouched."""
+        start = data.rfind(b'"usage":{')
+        found = _USAGE.match(data, start) if start >= 0 else None
+        if found is not None:
+            with contextlib.suppress(orjson.JSONDecodeError):
+                ex.note_usage(orjson.loads(found.group(1)))
+
+    # ---- streams ---------------------------------------------------------------------------
+
+    async def stream(self, ex: Exchange) -> Reply:
+        data = await self.dispatcher.send(ex)
+        resp = ex.resp
+        assert resp is not None
+        if data is not None:
+            ex.status = str(resp.status)
+            return Reply(resp.status, self._headers(resp, ex), data, after=ex.aclose)
+        return Reply(resp.status, self._headers(resp, ex), stream=self.events(ex), after=ex.aclose)
+
+    async def events(self, ex: Exchange) -> AsyncIterator[bytes]:
+        """The worker's stream as the client sees it; records status and usage on ``ex``."""
+        resp, plan = ex.resp, ex.plan
+        assert resp is not None
+        model = plan.model.name
+        ttft, itl = (
+            self.metrics.ttft.labels(model, ex.worker),
+            self.metrics.itl.labels(model, ex.worker),
+        )
+        reshape = plan.transform is not None or plan.strip_usage
+        transformer = ChatStreamTransformer(plan.transform) if plan.transform else None
+        buf = bytearray()
+        last, tail = 0.0, b""
+        try:
+            async for chunk in resp.iter_raw():
+                now = time.monotonic()
+                (itl.observe(now - last) if last else ttft.observe(now - plan.started))
+                last = now
+                if b'"usage"' in chunk:
+                    self._stream_usage(ex, chunk)
+                if reshape:
+                    chunk = await self._reframe(ex, transformer, buf, chunk)
+                tail = (tail + chunk)[-16:]
+                if chunk:
+                    yield chunk
+            if tail.endswith(_DONE) or not plan.kind.usage_option:
+                ex.status = "200"  # only OpenAI's chunk streams end with [DONE]
+            else:
+                ex.status = "truncated"
+                yield stream_error(ex, UpstreamError("The worker ended the stream early."))
+        except UpstreamFailure as e:
+            ex.status = "upstream_error"
+            yield stream_error(ex, failure_error(e, "mid-stream"))
+
+    async def _reframe(
+        self, ex: Exchange, t: ChatStreamTransformer | None, buf: bytearray, chunk: bytes
+    ) -> bytes:
+        """Re-frame the events of ``chunk`` (``buf`` holds a partial event between calls)."""
+        out = bytearray()
+        for payload in iter_events(buf, chunk):
+            if payload.startswith(b":"):
+                out += payload + b"\n\n"
+            elif payload == b"[DONE]":
+                if t is not None:
+                    out += b"".join(self._frame(ex, o) for o in t.finish())
+                out += _DONE
+            else:
+                try:
+                    obj = orjson.loads(payload)
+                except orjson.JSONDecodeError:
+                    out += b"data: " + payload + b"\n\n"
+                    continue
+                if not isinstance(obj, dict):
+                    continue
+                for o in t.feed(obj) if t is not None else (obj,):
+                    if t is not None and t.counts_later and "usage" in o and not o.get("choices"):
+                        await self._add_reasoning_tokens(o, t.reasoning_texts(), ex)
+                    out += self._frame(ex, o)
+        return bytes(out)
+
+    @staticmethod
+    def _frame(ex: Exchange, obj: dict[str, Any]) -> bytes:
+        if ex.plan.strip_usage and "usage" in obj and not obj.get("choices"):
+            return b""  # the usage chunk the gateway asked for; the client did not
+        return frame(obj)
+
+    def _stream_usage(self, ex: Exchange, chunk: bytes) -> None:
+        for line in chunk.split(b"\n"):
+            if line.startswith(b"data: {") and b'"usage"' in line:
+                with contextlib.suppress(orjson.JSONDecodeError, AttributeError):
+                    ex.note_usage(_usage_of(orjson.loads(line[6:])))
+
+
+def stream_error(ex: Exchange, e: GatewayError) -> bytes:
+    """An error inside a stream that has begun, in the stream's own protocol: vLLM's error
+    chunk and ``[DONE]`` for chat/completions, an ``error`` event for Responses and Messages."""
+    if ex.plan.kind.usage_option:
+        return e.sse_event()
+    event: dict[str, object]
+    if ex.plan.kind.shape is Shape.responses:
+        event = {"type": "error", "code": str(e.status), "message": e.message, "param": None}
+    else:
+        event = {"type": "error", "error": {"type": "api_error", "message": e.message}}
+    return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
+def _usage_of(obj: dict[str, Any]) -> object:
+    """``usage`` of a chunk (chat, completions, Messages' delta), or of the object a
+    Responses or Messages event carries."""
+    usage = obj.get("usage")
+    if usage is None:
+        inner = obj.get("response") or obj.get("message")
+        usage = inner.get("usage") if isinstance(inner, dict) else None
+    return usage
+
+
+__all__ = ["Relay", "TransformOptions"]

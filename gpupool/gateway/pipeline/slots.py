@@ -1,0 +1,45 @@
+"""Worker slots: admission's leases, counted on the registry's workers.
+
+``take`` waits for a slot (or raises the queue's 429/503) and counts the request as started on
+its worker; ``give`` returns the slot and counts it finished, exactly once per lease however
+often it is called. Admission backends remove a cancelled waiter themselves (and give back a
+slot granted in the same instant), so a cancellation during ``take`` leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+from gpupool.gateway.admission.base import Admission, Lease, Ticket, WaitCallback
+from gpupool.gateway.errors import RateLimited, UpstreamUnavailable
+from gpupool.gateway.metrics import Metrics
+from gpupool.workers.registry import Registry
+
+_GIVEN = "given"
+
+
+class Slots:
+    def __init__(self, admission: Admission, registry: Registry, metrics: Metrics) -> None:
+        self.admission = admission
+        self.registry = registry
+        self.metrics = metrics
+
+    async def take(self, ticket: Ticket, on_wait: WaitCallback | None = None) -> Lease:
+        if not ticket.candidates:
+            raise UpstreamUnavailable(f"No worker for model `{ticket.model}` is available.")
+        try:
+            lease = await self.admission.acquire(ticket, on_wait)
+        except RateLimited as e:
+            self.metrics.admission.labels(ticket.model, "rejected", type(e).__name__).inc()
+            raise
+        # No await between the grant and this point: the caller owns the lease from here.
+        self.registry.started(lease.worker)
+        decision = "queued" if lease.queued_s > 0 else "immediate"
+        self.metrics.admission.labels(ticket.model, decision, "").inc()
+        self.metrics.queue_wait.labels(ticket.model).observe(lease.queued_s)
+        return lease
+
+    async def give(self, lease: Lease) -> None:
+        if lease.extra.get(_GIVEN):
+            return
+        lease.extra[_GIVEN] = True
+        self.registry.finished(lease.worker)
+        await self.admission.release(lease)
