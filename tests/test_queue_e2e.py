@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from tests.procs import Proc, gateway, redis_server, running, sim
@@ -105,13 +106,14 @@ def test_queued_stream_gets_comments_and_disconnect_is_never_executed(
                 holder = asyncio.create_task(client.post(url, json={**body, "stream": False}))
                 await asyncio.sleep(0.3)
                 # A queued stream that leaves after its first comment.
-                async with client.stream("POST", url, json=body,
-                                         headers={"x-request-id": "left-early"}) as r:  # fmt: skip
+                opt_in = {"x-gpupool-queue-events": "true"}
+                early = {"x-request-id": "left-early", **opt_in}
+                async with client.stream("POST", url, json=body, headers=early) as r:
                     first = await r.aiter_raw().__anext__()
                 # A queued stream that stays: comments, then the answer.
                 lines: list[bytes] = []
-                async with client.stream("POST", url, json=body,
-                                         headers={"x-request-id": "stayed"}) as r:  # fmt: skip
+                stayed = {"x-request-id": "stayed", **opt_in}
+                async with client.stream("POST", url, json=body, headers=stayed) as r:
                     async for chunk in r.aiter_raw():
                         lines += [x for x in chunk.split(b"\n") if x]
                 await holder
@@ -123,6 +125,44 @@ def test_queued_stream_gets_comments_and_disconnect_is_never_executed(
         assert lines[-1] == b"data: [DONE]"
         ids = _stats(w)["request_ids"]
         assert "stayed" in ids and "left-early" not in ids
+
+
+def test_queued_stream_that_times_out_is_a_real_429_the_sdk_retries(
+    backend: dict[str, Any], tmp_path: Path
+) -> None:
+    """Without the opt-in header a stream waits silently: a queue timeout is HTTP 429 with
+    Retry-After (not a 200 and an in-stream error), so the openai SDK sees a RateLimitError
+    (which it retries, honouring Retry-After) instead of a plain APIError."""
+    w = sim(model=MODEL, tmp=tmp_path, max_num_seqs=64, ttft_ms=2500)
+    gw = gateway(_cfg([("w", w, 1)], _queue_cfg(backend)), tmp_path)
+    with running(w), running(gw, ready_path="/ready"):
+        url = gw.url + "/v1/completions"
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 2, "stream": True}
+
+        async def scenario() -> tuple[httpx.Response, list[str]]:
+            async with httpx.AsyncClient(timeout=30) as client:
+                holder = asyncio.create_task(client.post(url, json={**body, "stream": False}))
+                await asyncio.sleep(0.3)
+                r = await client.post(url, json=body, headers={"x-gpupool-max-wait": "0.3"})
+                client2 = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0)
+                seen: list[str] = []
+                try:
+                    stream = await client2.completions.create(
+                        model=MODEL, prompt="y", max_tokens=2, stream=True,
+                        extra_headers={"x-gpupool-max-wait": "0.3"},
+                    )  # fmt: skip
+                    async for _ in stream:
+                        pass
+                except openai.RateLimitError as e:
+                    seen.append(f"{e.status_code}")
+                await holder
+                return r, seen
+
+        r, seen = asyncio.run(scenario())
+        assert r.status_code == 429 and r.headers["retry-after"]
+        assert r.json()["error"]["type"] == "RateLimitError"
+        assert r.headers["content-type"].startswith("application/json")
+        assert seen == ["429"]  # a typed RateLimitError: the SDK's retry logic applies to it
 
 
 def test_priority_then_tenant_fairness_order(backend: dict[str, Any], tmp_path: Path) -> None:

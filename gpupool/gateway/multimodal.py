@@ -30,6 +30,7 @@ from gpupool.gateway.errors import MediaRejected
 KIND_BY_PART_TYPE: Mapping[str, str] = {
     "image_url": "image",
     "input_image": "image",
+    "image": "image",  # Anthropic Messages: {"type": "image", "source": {...}}
     "image_pil": "image",
     "image_embeds": "image",
     "video_url": "video",
@@ -77,7 +78,8 @@ class MediaSource:
 
 
 def iter_parts(body: object) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(location, part) for every content part of chat ``messages`` and Responses ``input``."""
+    """(location, part) for every content part of chat (or Anthropic) ``messages`` and
+    Responses ``input``."""
     if not isinstance(body, dict):
         return
     for key in ("messages", "input"):
@@ -150,6 +152,12 @@ def _part_sources(where: str, part: Mapping[str, Any]) -> Iterator[MediaSource]:
         yield MediaSource(f"{where}.input_audio.data", data, _scheme(data) == "data")
     for key in ("image_embeds", "video_embeds", "audio_embeds"):
         yield from _embeds(f"{where}.{key}", part.get(key))
+    source = part.get("source")  # Anthropic Messages: a URL or base64 data
+    if isinstance(source, dict):
+        if source.get("type") == "url" and isinstance(source.get("url"), str):
+            yield MediaSource(f"{where}.source.url", source["url"], True)
+        elif source.get("type") == "base64" and isinstance(source.get("data"), str):
+            yield MediaSource(f"{where}.source.data", source["data"], False)
 
 
 def _embeds(where: str, value: object) -> Iterator[MediaSource]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from gpupool.gateway.upstream.client import UpstreamClient, UpstreamFailure
+from gpupool.gateway.upstream.client import DataPath, UpstreamFailure
 
 TEMPLATE_SLACK = 256  # tokens a chat template may add beyond the body's bytes
 _CHAT_KEYS = ("chat_template", "chat_template_kwargs", "tools", "add_generation_prompt",
@@ -34,7 +34,7 @@ def tokenize_body(body: dict[str, Any], model: str, chat: bool) -> dict[str, Any
 
 
 async def exact_count(
-    client: UpstreamClient, worker_url: str, body: dict[str, Any], model: str, chat: bool
+    client: DataPath, worker_url: str, body: dict[str, Any], model: str, chat: bool
 ) -> int | None:
     """The worker's own count, or None when it cannot tell (the worker will judge)."""
     prompt = body.get("prompt")
@@ -44,9 +44,7 @@ async def exact_count(
     return None if req is None else await tokenize_count(client, worker_url, req)
 
 
-async def tokenize_count(
-    client: UpstreamClient, worker_url: str, req: dict[str, Any]
-) -> int | None:
+async def tokenize_count(client: DataPath, worker_url: str, req: dict[str, Any]) -> int | None:
     """``count`` from the worker's ``/tokenize`` for ``req``, or None when it cannot tell."""
     try:
         resp = await client.open(

@@ -86,6 +86,26 @@ async def queue(request: Request) -> ASGIApp:
     return ReplyResponse(Reply.json(200, await services(request).admission.snapshot()))
 
 
+async def held(request: Request) -> ASGIApp:
+    """Everything requests hold right now: in-flight per worker, admission's slots and queue
+    depth, and per-key concurrency slots. All zero when no request is in the gateway (the
+    fault and hostile-client suites check exactly that after every case)."""
+    svc = services(request)
+    snap = await svc.admission.snapshot()
+    keys = {k.name: await svc.key_limits.in_use(k.name) for k in svc.cfg.auth.keys if k.name}
+    return ReplyResponse(
+        Reply.json(
+            200,
+            {
+                "inflight": {w.name: w.inflight for w in svc.registry},
+                "slots": {n: v.get("held", 0) for n, v in snap.get("workers", {}).items()},
+                "queued": {n: v.get("depth", 0) for n, v in snap.get("models", {}).items()},
+                "key_slots": keys,
+            },
+        )
+    )
+
+
 def routes() -> list[Route]:
     return [
         Route("/admin/workers", Endpoint(list_workers), methods=["GET"]),
@@ -95,4 +115,5 @@ def routes() -> list[Route]:
         Route("/admin/workers/{name}/restart", Endpoint(restart), methods=["POST"]),
         Route("/admin/reload", Endpoint(reload), methods=["POST"]),
         Route("/admin/queue", Endpoint(queue), methods=["GET"]),
+        Route("/admin/held", Endpoint(held), methods=["GET"]),
     ]

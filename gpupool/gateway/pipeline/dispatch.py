@@ -17,7 +17,7 @@ from gpupool.gateway.pipeline.candidates import Candidates
 from gpupool.gateway.pipeline.exchange import Exchange
 from gpupool.gateway.pipeline.slots import Slots
 from gpupool.gateway.routing.policy import RouteRequest
-from gpupool.gateway.upstream.client import UpstreamClient, UpstreamFailure
+from gpupool.gateway.upstream.client import DataPath, UpstreamFailure
 from gpupool.workers.registry import Registry, Worker
 
 # vLLM's 400s for a prompt its window cannot hold (too long; or exactly the window, no room left)
@@ -35,7 +35,7 @@ class Dispatcher:
         routing: RoutingConfig,
         registry: Registry,
         candidates: Candidates,
-        client: UpstreamClient,
+        client: DataPath,
         slots: Slots,
         metrics: Metrics,
     ) -> None:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from gpupool.gateway.pipeline.slots import Slots
     from gpupool.gateway.routing.policy import Router
     from gpupool.gateway.security.limits import Hold
-    from gpupool.gateway.upstream.client import UpstreamResponse
+    from gpupool.gateway.upstream.client import Response
     from gpupool.workers.registry import Registry
 
 
@@ -68,7 +68,7 @@ class Exchange:
         self.plan = plan
         self.lease = lease
         self.hold = hold
-        self.resp: UpstreamResponse | None = None
+        self.resp: Response | None = None
         self.status: str = "cancelled"  # until the relay knows better
         self.prompt = 0
         self.completion = 0

@@ -42,7 +42,7 @@ from gpupool.gateway.routing.policy import Router, RouteRequest
 from gpupool.gateway.security.limits import KeyLimits
 from gpupool.gateway.tokens import exact_count, upper_bound
 from gpupool.gateway.transform.chat import TransformOptions, normalize_request_messages
-from gpupool.gateway.upstream.client import UpstreamClient
+from gpupool.gateway.upstream.client import DataPath
 from gpupool.workers.registry import Registry
 
 # Bytes that any media part must contain (`\u` covers JSON-escaped spellings of them).
@@ -58,7 +58,7 @@ class Pipeline:
         catalog: Catalog,
         router: Router,
         admission: Admission,
-        client: UpstreamClient,
+        client: DataPath,
         metrics: Metrics,
         key_limits: KeyLimits,
     ) -> None:

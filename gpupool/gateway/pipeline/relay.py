@@ -30,7 +30,7 @@ from gpupool.gateway.transform.chat import (
     transform_chat_response,
 )
 from gpupool.gateway.transform.sse import frame, iter_events
-from gpupool.gateway.upstream.client import UpstreamClient, UpstreamFailure, UpstreamResponse
+from gpupool.gateway.upstream.client import DataPath, Response, UpstreamFailure
 from gpupool.workers.registry import Registry
 
 _DONE = b"data: [DONE]\n\n"
@@ -42,7 +42,7 @@ class Relay:
     def __init__(
         self,
         dispatcher: Dispatcher,
-        client: UpstreamClient,
+        client: DataPath,
         registry: Registry,
         metrics: Metrics,
         worker_header: bool,
@@ -53,7 +53,7 @@ class Relay:
         self.metrics = metrics
         self.worker_header = worker_header
 
-    def _headers(self, resp: UpstreamResponse, ex: Exchange) -> list[tuple[str, str]]:
+    def _headers(self, resp: Response, ex: Exchange) -> list[tuple[str, str]]:
         if self.worker_header:
             return [*resp.headers, ("x-gpupool-worker", ex.worker)]
         return resp.headers

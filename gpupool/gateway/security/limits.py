@@ -102,6 +102,10 @@ class KeyLimits:
         stats = await self.limiter.get_window_stats(RateLimitItemPerMinute(amount), kind, name)
         return max(1.0, stats.reset_time - time.time())
 
+    async def in_use(self, name: str) -> int:
+        """Concurrency slots key ``name`` holds now."""
+        return self.concurrency._n.get(name, 0)
+
     async def done(self, principal: Principal, tokens: int) -> None:
         key = principal.key
         if key is None:

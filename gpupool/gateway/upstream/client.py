@@ -13,7 +13,8 @@ address.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from typing import Protocol
 
 import aiohttp
 
@@ -22,7 +23,30 @@ from gpupool.gateway.upstream.http1 import Http1Pool, Http1Response
 
 UpstreamResponse = Http1Response
 
-__all__ = ["UpstreamClient", "UpstreamFailure", "UpstreamResponse"]
+__all__ = ["DataPath", "Response", "UpstreamClient", "UpstreamFailure", "UpstreamResponse"]
+
+
+class Response(Protocol):
+    """A worker's answer once its status and headers are in (``Http1Response``, or a fake)."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    content_type: str
+
+    async def read(self) -> bytes: ...
+
+    def iter_raw(self) -> AsyncIterator[bytes]: ...
+
+    def close(self) -> None: ...
+
+
+class DataPath(Protocol):
+    """The seam the request pipeline sends through: one method, so a fake worker pool is one
+    class (as httpx's transports)."""
+
+    async def open(
+        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str]
+    ) -> Response: ...
 
 
 class UpstreamClient:

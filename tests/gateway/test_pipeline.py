@@ -1,0 +1,300 @@
+"""The request pipeline in-process, with a fake data path: every exit releases everything.
+
+A fake worker pool is one class (``FakePath``, the ``DataPath`` seam). Each test drives
+``Pipeline.handle`` as the front door does (``reply.after()`` once the reply is written or
+abandoned) and then checks that in-flight counts, admission slots, the queue and key slots are
+all back to zero, including when the task is cancelled at each await.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from gpupool.config.models import GpupoolConfig
+from gpupool.gateway.admission.memory import MemoryAdmission
+from gpupool.gateway.api.app import create_app
+from gpupool.gateway.api.incoming import Incoming
+from gpupool.gateway.catalog import Catalog
+from gpupool.gateway.errors import QueueTimeout, UpstreamUnavailable
+from gpupool.gateway.metrics import Metrics
+from gpupool.gateway.pipeline.kinds import KINDS
+from gpupool.gateway.pipeline.pipeline import Pipeline
+from gpupool.gateway.reply import Reply
+from gpupool.gateway.routing.policy import Router
+from gpupool.gateway.security.keys import KeyStore
+from gpupool.gateway.security.limits import KeyLimits
+from gpupool.gateway.services import RegistryView, build_services
+from gpupool.gateway.upstream.client import Response, UpstreamFailure
+from gpupool.workers.registry import Registry, Worker, WorkerState
+
+MODEL = "m"
+KEY = "sk-pair"
+COMPLETION = orjson.dumps({"id": "c", "object": "text_completion", "model": MODEL,
+                           "choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}],
+                           "usage": {"prompt_tokens": 2, "completion_tokens": 3,
+                                     "total_tokens": 5}})  # fmt: skip
+CHUNKS = [b'data: {"choices":[{"index":0,"text":"a"}]}\n\n',
+          b'data: {"choices":[{"index":0,"text":"b"}]}\n\n', b"data: [DONE]\n\n"]  # fmt: skip
+
+
+@dataclass
+class FakeResponse:
+    status: int = 200
+    body: bytes = COMPLETION
+    chunks: list[bytes] = field(default_factory=list)
+    content_type: str = "application/json"
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    closed: bool = False
+
+    async def read(self) -> bytes:
+        return self.body
+
+    async def iter_raw(self) -> AsyncIterator[bytes]:
+        for c in self.chunks:
+            await asyncio.sleep(0)
+            yield c
+
+    def close(self) -> None:
+        self.closed = True
+
+
+Handler = Callable[[str, bytes], Any]
+
+
+class FakePath:
+    """Workers as a function of (url, body): a response, or an awaitable of one."""
+
+    def __init__(self, handler: Handler | None = None) -> None:
+        self.handler = handler or (lambda url, body: FakeResponse())
+        self.calls: list[tuple[str, bytes]] = []
+        self.responses: list[FakeResponse] = []
+
+    async def open(
+        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str]
+    ) -> Response:
+        self.calls.append((url, body or b""))
+        out = self.handler(url, body or b"")
+        if asyncio.iscoroutine(out):
+            out = await out
+        if isinstance(out, Exception):
+            raise out
+        self.responses.append(out)
+        return out  # type: ignore[no-any-return]
+
+
+def _cfg(capacity: int = 1, workers: int = 1) -> GpupoolConfig:
+    return GpupoolConfig.model_validate({
+        "models": [{"name": MODEL}],
+        "workers": [{"name": f"w{i}", "model": MODEL, "url": f"http://w{i}", "max_inflight": capacity}
+                    for i in range(workers)],
+        "auth": {"enabled": True, "keys": [
+            {"name": "pair", "sha256": hashlib.sha256(KEY.encode()).hexdigest(),
+             "max_concurrent": 2}]},
+        "queue": {"max_wait_s": 5},
+    })  # fmt: skip
+
+
+@dataclass
+class Rig:
+    pipeline: Pipeline
+    registry: Registry
+    admission: MemoryAdmission
+    limits: KeyLimits
+    path: FakePath
+    keys: KeyStore
+
+    def incoming(self, headers: list[tuple[bytes, bytes]] | None = None) -> Incoming:
+        principal = self.keys.identify(KEY)
+        return Incoming("rid", [(b"authorization", f"Bearer {KEY}".encode()), *(headers or [])],
+                        principal)  # fmt: skip
+
+    async def held(self) -> int:
+        snap = await self.admission.snapshot()
+        return (sum(w.inflight for w in self.registry)
+                + sum(v["held"] for v in snap["workers"].values())
+                + sum(v["depth"] for v in snap["models"].values())
+                + await self.limits.in_use("pair"))  # fmt: skip
+
+
+def rig(path: FakePath, capacity: int = 1, workers: int = 1) -> Rig:
+    cfg = _cfg(capacity, workers)
+    registry = Registry()
+    for wc in cfg.workers:
+        w = Worker(name=wc.name, model=MODEL, url=wc.url, capacity=capacity, max_model_len=4096)
+        w.set_state(WorkerState.ready)
+        registry.add(w)
+    admission = MemoryAdmission.from_config(cfg.queue, RegistryView(registry), "r1")
+    limits = KeyLimits()
+    pipeline = Pipeline(cfg, registry, Catalog(cfg.models), Router(), admission, path,
+                        Metrics(), limits)  # fmt: skip
+    return Rig(pipeline, registry, admission, limits, path, KeyStore(cfg.auth))
+
+
+def _completion(stream: bool = False) -> bytes:
+    return orjson.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 3, "stream": stream})
+
+
+async def _handle(r: Rig, raw: bytes, path: str = "/v1/completions", **kw: Any) -> Reply:
+    return await r.pipeline.handle(KINDS[path], r.incoming(**kw), raw)
+
+
+async def _finish(reply: Reply, read: bool = True) -> bytes:
+    """What the front door does: write the reply (or not), then always run ``after``."""
+    out = reply.body
+    try:
+        if read and reply.stream is not None:
+            out = b"".join([c async for c in reply.stream])
+    finally:
+        if reply.after is not None:
+            await reply.after()
+    return out
+
+
+async def test_whole_reply_holds_its_slot_until_written() -> None:
+    r = rig(FakePath())
+    reply = await _handle(r, _completion())
+    assert reply.status == 200 and await r.held() == 3  # in flight, its lease, the key slot
+    await _finish(reply)
+    assert await r.held() == 0
+    assert r.path.responses[0].closed
+
+
+async def test_stream_that_never_starts_is_released() -> None:
+    """The leak of issue 11: a client resets before the stream's first chunk is written."""
+    r = rig(FakePath(lambda u, b: FakeResponse(chunks=CHUNKS, content_type="text/event-stream")))
+    reply = await _handle(r, _completion(stream=True))
+    assert reply.stream is not None
+    await _finish(reply, read=False)
+    assert await r.held() == 0
+    assert r.path.responses[0].closed  # the worker connection dropped: vLLM aborts
+
+
+async def test_stream_read_to_the_end_is_released() -> None:
+    r = rig(FakePath(lambda u, b: FakeResponse(chunks=CHUNKS, content_type="text/event-stream")))
+    out = await _finish(await _handle(r, _completion(stream=True)))
+    assert out.endswith(b"data: [DONE]\n\n")
+    assert await r.held() == 0
+
+
+async def test_cancelled_while_queued_leaves_the_queue() -> None:
+    gate = asyncio.Event()
+
+    async def slow(url: str, body: bytes) -> FakeResponse:
+        await gate.wait()
+        return FakeResponse()
+
+    r = rig(FakePath(slow))
+    first = asyncio.ensure_future(_handle(r, _completion()))
+    await asyncio.sleep(0.01)
+    second = asyncio.ensure_future(_handle(r, _completion()))
+    await asyncio.sleep(0.01)
+    assert (await r.admission.snapshot())["models"][MODEL]["depth"] == 1
+    second.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await second
+    first.cancel()  # and the first is cancelled while its worker has not answered
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert await r.held() == 0
+    assert len(r.path.calls) == 1  # the queued one was never sent
+
+
+async def test_queue_timeout_is_a_429_and_releases_the_key() -> None:
+    gate = asyncio.Event()
+
+    async def slow(url: str, body: bytes) -> FakeResponse:
+        await gate.wait()
+        return FakeResponse()
+
+    r = rig(FakePath(slow))
+    first = asyncio.ensure_future(_handle(r, _completion()))
+    await asyncio.sleep(0.01)
+    with pytest.raises(QueueTimeout):
+        await _handle(r, _completion(stream=True), headers=[(b"x-gpupool-max-wait", b"0.05")])
+    gate.set()
+    await _finish(await first)
+    assert await r.held() == 0
+
+
+async def test_retry_before_the_first_byte_moves_the_slot() -> None:
+    def answer(url: str, body: bytes) -> FakeResponse | Exception:
+        if url.startswith("http://w0"):
+            return UpstreamFailure("refused", sent=False)
+        return FakeResponse()
+
+    r = rig(FakePath(answer), workers=2)
+    reply = await _handle(r, _completion())
+    assert reply.status == 200
+    assert [u.split("/")[2] for u, _ in r.path.calls] in (["w0", "w1"], ["w1"])
+    await _finish(reply)
+    assert await r.held() == 0
+
+
+async def test_worker_error_after_sending_is_502_and_releases() -> None:
+    r = rig(FakePath(lambda u, b: UpstreamFailure("reset", sent=True)))
+    with pytest.raises(Exception) as e:
+        await _handle(r, _completion())
+    assert getattr(e.value, "status", None) == 502
+    assert await r.held() == 0
+
+
+async def test_no_worker_left_is_503_and_releases_the_key() -> None:
+    r = rig(FakePath(lambda u, b: UpstreamFailure("refused", sent=False)))
+    with pytest.raises(UpstreamUnavailable):
+        await _handle(r, _completion())
+    assert await r.held() == 0
+
+
+async def test_opt_in_queued_stream_abandoned_before_it_starts_is_released() -> None:
+    r = rig(FakePath(lambda u, b: FakeResponse(chunks=CHUNKS, content_type="text/event-stream")))
+    reply = await _handle(r, _completion(stream=True),
+                          headers=[(b"x-gpupool-queue-events", b"true")])  # fmt: skip
+    assert reply.status == 200 and reply.stream is not None
+    await _finish(reply, read=False)
+    assert await r.held() == 0
+    out = await _finish(await _handle(r, _completion(stream=True),
+                                      headers=[(b"x-gpupool-queue-events", b"1")]))  # fmt: skip
+    assert out.startswith(b": queued\n\n") and out.endswith(b"data: [DONE]\n\n")
+    assert await r.held() == 0
+
+
+@pytest.mark.parametrize("path", sorted(KINDS))
+async def test_every_route_takes_and_returns_a_slot(path: str) -> None:
+    r = rig(FakePath())
+    body = {"model": MODEL, "prompt": "hi", "input": "hi", "max_tokens": 2,
+            "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+    reply = await _handle(r, orjson.dumps(body), path)
+    assert await r.held() == 3
+    assert r.path.calls[0][0] == "http://w0" + path
+    await _finish(reply)
+    assert await r.held() == 0
+
+
+async def test_front_door_in_process_through_create_app() -> None:
+    """The same pipeline behind the real ASGI front door (no sockets)."""
+    cfg = _cfg()
+    svc = build_services(cfg)
+    path = FakePath()
+    r = rig(path)
+    svc.pipeline = r.pipeline
+    app = create_app(cfg, svc=svc)
+    app.app.state.services = svc  # what the lifespan does
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+        ok = await client.post("/v1/completions", content=_completion(),
+                               headers={"authorization": f"Bearer {KEY}"})  # fmt: skip
+        bad = await client.post("/v1/completions", content=_completion(),
+                                headers={"authorization": f"Bearer {KEY}",
+                                         "x-gpupool-priority": "nan"})  # fmt: skip
+    assert ok.status_code == 200 and ok.json()["usage"]["total_tokens"] == 5
+    assert bad.status_code == 400
+    assert await r.held() == 0
+    await svc.client.close()
