@@ -93,8 +93,8 @@ class FakePath:
 def _cfg(capacity: int = 1, workers: int = 1) -> GpupoolConfig:
     return GpupoolConfig.model_validate({
         "models": [{"name": MODEL}],
-        "workers": [{"name": f"w{i}", "model": MODEL, "url": f"http://w{i}", "max_inflight": capacity}
-                    for i in range(workers)],
+        "workers": [{"name": f"w{i}", "model": MODEL, "url": f"http://w{i}",
+                     "max_inflight": capacity} for i in range(workers)],
         "auth": {"enabled": True, "keys": [
             {"name": "pair", "sha256": hashlib.sha256(KEY.encode()).hexdigest(),
              "max_concurrent": 2}]},
