@@ -234,11 +234,15 @@ def settled(gws: list[Proc], sims: list[Proc], timeout: float = 15) -> float:
     def idle() -> bool:
         if any(sim_stats(s)["running"] for s in sims):
             return False
-        return all(
-            held_slots(g) == 0 and all(w["inflight"] == 0 for w in workers(g).values()) for g in gws
-        )
+        return all(held_slots(g) == 0 and nothing_held(g) for g in gws)
 
-    return wait_until("workers idle, no in-flight, no held slot", idle, timeout)
+    return wait_until("workers idle, no in-flight, no held slot or key slot", idle, timeout)
+
+
+def nothing_held(gw: Proc) -> bool:
+    """``/admin/held``: in-flight, admission slots, queue and key slots all zero."""
+    snap = httpx.get(gw.url + "/admin/held", timeout=5).json()
+    return not any(int(v) for part in snap.values() for v in part.values())
 
 
 def fresh_request(gw: Proc, *, stream: bool = False, timeout: float = 30) -> Outcome:

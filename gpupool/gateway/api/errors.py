@@ -1,4 +1,10 @@
-"""The one place errors become HTTP responses: vLLM's envelope, never a traceback."""
+"""The one place errors become HTTP replies: vLLM's envelope, never a traceback.
+
+:func:`error_reply` turns any :class:`GatewayError` into a :class:`Reply` (status, the
+envelope, ``Retry-After`` for 429s, ``WWW-Authenticate`` for 401s). The front door writes it
+with :func:`reject`; Starlette's exception handlers return it; a stream that has begun carries
+the same envelope as an event (``GatewayError.sse_event``, ``pipeline/relay.stream_error``).
+"""
 
 from __future__ import annotations
 
@@ -7,23 +13,41 @@ import logging
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Send
 
+from gpupool.gateway.api.responses import write_reply
 from gpupool.gateway.errors import (
     BadRequest,
     GatewayError,
     NotFound,
     PayloadTooLarge,
+    Unauthorized,
 )
+from gpupool.gateway.reply import JSON, Reply
 
 log = logging.getLogger("gpupool.api")
 
 _BY_STATUS: dict[int, type[GatewayError]] = {400: BadRequest, 404: NotFound, 413: PayloadTooLarge}
 
 
+def error_reply(e: GatewayError) -> Reply:
+    headers = [("content-type", JSON), *((k.lower(), v) for k, v in e.headers.items())]
+    if isinstance(e, Unauthorized):
+        headers.append(("www-authenticate", "Bearer"))
+    return Reply(e.status, headers, e.to_json())
+
+
+async def reject(
+    e: GatewayError, send: Send, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    """Send ``e`` as a whole response straight through ASGI (no framework below us)."""
+    await write_reply(error_reply(e), send, extra or [])
+
+
 def render(e: GatewayError) -> Response:
-    return Response(
-        e.to_json(), status_code=e.status, media_type="application/json", headers=e.headers
-    )
+    """:func:`error_reply` as Starlette's exception handlers must return it."""
+    reply = error_reply(e)
+    return Response(reply.body, reply.status, headers=dict(reply.headers))
 
 
 async def gateway_error(request: Request, exc: Exception) -> Response:

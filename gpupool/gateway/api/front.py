@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, cast
 from starlette.applications import Starlette
 from starlette.types import Message, Receive, Scope, Send
 
+from gpupool.gateway.api.errors import reject
 from gpupool.gateway.api.incoming import Incoming
 from gpupool.gateway.api.middleware import (
     current_request_id,
@@ -32,7 +33,7 @@ from gpupool.gateway.api.openai_routes import BODY_ROUTES, BodyHandler
 from gpupool.gateway.api.protocol import CoalescingCycle
 from gpupool.gateway.api.responses import write_reply
 from gpupool.gateway.errors import GatewayError, RequestTimeout
-from gpupool.gateway.security.middleware import Authenticator, reject
+from gpupool.gateway.security.middleware import Authenticator
 
 if TYPE_CHECKING:
     from gpupool.config.models import GpupoolConfig

@@ -11,6 +11,7 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpupool.config.models import AuthConfig
+from gpupool.gateway.api.errors import reject
 from gpupool.gateway.errors import Forbidden, GatewayError, Unauthorized
 from gpupool.gateway.security.keys import KeyStore, Principal, presented_key
 
@@ -57,18 +58,3 @@ class AuthMiddleware:
         if principal is not None:  # the model list shows a key only its models
             scope.setdefault("state", {})["principal"] = principal
         await self.app(scope, receive, send)
-
-
-async def reject(
-    e: GatewayError, send: Send, extra: list[tuple[bytes, bytes]] | None = None
-) -> None:
-    """Send ``e`` as a whole response straight through ASGI (no framework below us)."""
-    body = e.to_json()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in e.headers.items()]
-    if isinstance(e, Unauthorized):
-        headers.append((b"www-authenticate", b"Bearer"))
-    if extra:
-        headers += extra
-    await send({"type": "http.response.start", "status": e.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
