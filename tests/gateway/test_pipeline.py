@@ -21,9 +21,9 @@ import pytest
 from gpupool.config.models import GpupoolConfig
 from gpupool.gateway.admission.memory import MemoryAdmission
 from gpupool.gateway.api.app import create_app
-from gpupool.gateway.api.incoming import Incoming
 from gpupool.gateway.catalog import Catalog
 from gpupool.gateway.errors import QueueTimeout, UpstreamUnavailable
+from gpupool.gateway.incoming import Incoming
 from gpupool.gateway.metrics import Metrics
 from gpupool.gateway.pipeline.kinds import KINDS
 from gpupool.gateway.pipeline.pipeline import Pipeline

@@ -22,7 +22,6 @@ from starlette.applications import Starlette
 from starlette.types import Message, Receive, Scope, Send
 
 from gpupool.gateway.api.errors import reject
-from gpupool.gateway.api.incoming import Incoming
 from gpupool.gateway.api.middleware import (
     current_request_id,
     new_request_id,
@@ -33,6 +32,7 @@ from gpupool.gateway.api.openai_routes import BODY_ROUTES, BodyHandler
 from gpupool.gateway.api.protocol import CoalescingCycle
 from gpupool.gateway.api.responses import write_reply
 from gpupool.gateway.errors import GatewayError, RequestTimeout
+from gpupool.gateway.incoming import Incoming
 from gpupool.gateway.security.middleware import Authenticator
 
 if TYPE_CHECKING:

@@ -16,8 +16,8 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from gpupool.gateway.api.endpoint import Endpoint, services
-from gpupool.gateway.api.incoming import Incoming
 from gpupool.gateway.api.responses import ReplyResponse
+from gpupool.gateway.incoming import Incoming
 from gpupool.gateway.pipeline.kinds import KINDS, Kind
 from gpupool.gateway.reply import Reply
 from gpupool.gateway.security.keys import Principal

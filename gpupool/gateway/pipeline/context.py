@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 
-from gpupool.gateway.api.incoming import Incoming
 from gpupool.gateway.errors import InvalidBody
+from gpupool.gateway.incoming import Incoming
 from gpupool.gateway.parse import PRIORITY_BOUND, Parsed
 from gpupool.gateway.pipeline.exchange import Context
 

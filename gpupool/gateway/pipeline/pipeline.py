@@ -24,9 +24,9 @@ from gpupool.config.models import (
 )
 from gpupool.gateway import multimodal
 from gpupool.gateway.admission.base import Admission, Ticket
-from gpupool.gateway.api.incoming import Incoming
 from gpupool.gateway.catalog import Catalog
 from gpupool.gateway.errors import GatewayError
+from gpupool.gateway.incoming import Incoming
 from gpupool.gateway.metrics import Metrics
 from gpupool.gateway.parse import Parsed, ReadLimits
 from gpupool.gateway.pipeline.candidates import Candidates
