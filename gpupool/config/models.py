@@ -190,6 +190,12 @@ class QueueConfig(_Strict):
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis for shared admission.")
     redis_prefix: str = Field("gpupool", description="Prefix of every Redis key.")
     max_queued: int = Field(1000, ge=0, description="Per model; beyond it: immediate 429.")
+    max_queued_per_tenant: int | None = Field(
+        None,
+        ge=1,
+        description="Most requests one tenant may have waiting in a model's queue (None: up to "
+        "`max_queued`); beyond it that tenant gets an immediate 429 while others still queue.",
+    )
     max_wait_s: float = Field(60.0, gt=0, description="Per model; x-gpupool-max-wait may lower.")
     keepalive_interval_s: float = Field(
         5.0, gt=0, description="SSE `: queued position=N` comment interval for queued streams."
