@@ -246,6 +246,12 @@ class AuthConfig(_Strict):
     keys: list[ApiKey] = Field(default_factory=list, description="Client keys.")
     keys_file: str | None = Field(None, description="YAML file with more `keys`.")
     metrics_open: bool = Field(True, description="/metrics without a key.")
+    tpm_reserve_tokens: int = Field(
+        4096,
+        ge=0,
+        description="Completion tokens reserved against a key's `tpm` for a request without "
+        "`max_tokens` (with it: `max_tokens`); settled to the real usage when the request ends.",
+    )
 
 
 class GpupoolConfig(_Strict):

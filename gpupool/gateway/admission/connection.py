@@ -29,6 +29,11 @@ CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 CONTROL_CONNECTIONS = 3  # pub/sub listener, maintenance, probe
 
 
+class StoreUnavailable(Exception):
+    """Redis could not be reached (refused, reset, timed out). Deliberately not an OSError, so
+    a caller can tell it from its own I/O errors (a client that went away)."""
+
+
 def socket_timeout_s(lease_ttl_s: float) -> float:
     """Seconds one call may take: about half a lease TTL, within [1, 5]."""
     return max(1.0, min(5.0, lease_ttl_s / 2))

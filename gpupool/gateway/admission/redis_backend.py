@@ -66,6 +66,7 @@ from gpupool.gateway.admission.connection import (
     CONNECTION_ERRORS,
     CONTROL_CONNECTIONS,
     Probe,
+    StoreUnavailable,
     redis_client,
 )
 from gpupool.gateway.admission.fairness import RATE_TAU_S, retry_after
@@ -76,7 +77,7 @@ from gpupool.gateway.admission.memory import (
     tenant_full_message,
     unique,
 )
-from gpupool.gateway.admission.redis_scripts import Caps, Store, StoreUnavailable
+from gpupool.gateway.admission.redis_scripts import Caps, Store
 from gpupool.gateway.admission.waiting import consume, wait_for_grant
 from gpupool.gateway.errors import QueueFull, QueueTimeout, ServiceUnavailable
 

@@ -30,7 +30,7 @@ import orjson
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
-from gpupool.gateway.admission.connection import CONNECTION_ERRORS
+from gpupool.gateway.admission.connection import CONNECTION_ERRORS, StoreUnavailable
 from gpupool.gateway.admission.fairness import PRIORITY_LIMIT, clamp_priority
 from gpupool.gateway.admission.keys import lua_key_table
 
@@ -288,11 +288,6 @@ for _, w in ipairs(redis.call('SMEMBERS', K.workers())) do
 end
 return cjson.encode(out)
 """
-
-
-class StoreUnavailable(Exception):
-    """Redis could not be reached (refused, reset, timed out). Deliberately not an OSError, so
-    a caller can tell it from its own I/O errors (a client that went away)."""
 
 
 @dataclass(frozen=True, slots=True)
