@@ -56,7 +56,7 @@ async def test_a_burst_waits_for_connections_and_never_exceeds_capacity(
 ) -> None:
     caplog.set_level(logging.INFO, logger="gpupool.gateway.admission.redis_backend")
     workers = FakeWorkers(**CAPS)
-    kw = {"max_queued": 10 * BURST, "lease_ttl_s": 4.0}
+    kw = {"max_queued": 10 * BURST, "lease_ttl_s": 2.0}  # calls time out after 1 s
     a = await make_redis(workers, **kw)
     b = await make_redis(workers, **kw)
     peak = Peak()

@@ -12,17 +12,23 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from gpupool.config.models import ApiKey, GpupoolConfig
 from gpupool.gateway.errors import RateLimited
-from gpupool.gateway.security.keys import Principal
+from gpupool.gateway.security.keys import Principal, hash_key
 from gpupool.gateway.security.limits import KeyLimits
 from gpupool.gateway.security.limits.base import Limit, Policy
 from gpupool.gateway.security.limits.memory import MemoryLimits
 from tests.admission.conftest import RedisServer
+from tests.procs import gateway, running, sim
+from tests.procs import redis_server as redis_proc
 
 
 def principal(name: str = "alice", **limits: int) -> Principal:
@@ -280,3 +286,31 @@ async def test_the_window_slides() -> None:
     assert await store.take("k", policy, "c", 600) is None
     await store.give("k", policy, "a", 600, 900)  # `a` left the window: the excess is new
     assert (await store.usage("k")).tokens == 300 + 600 + 300
+
+
+def test_max_concurrent_holds_across_two_gateway_processes(tmp_path: Path) -> None:
+    """Through the real HTTP path: a key's one slot, taken on gateway A, is taken on B too."""
+    secret = "sk-one-at-a-time"
+    keys = [{"name": "solo", "sha256": hash_key(secret), "max_concurrent": 1}]
+    redis = redis_proc(tmp_path)
+    worker = sim(model="m", tmp=tmp_path, max_num_seqs=8, ttft_ms=1500)
+    with running(redis), running(worker):
+        cfg = {
+            "models": [{"name": "m"}],
+            "workers": [{"name": "w", "model": "m", "url": worker.url}],
+            "auth": {"enabled": True, "keys": keys},
+            "queue": {"backend": "redis", "redis_url": redis.url},
+        }
+        a, b = gateway(cfg, tmp_path), gateway(cfg, tmp_path)
+        with running(a, b), ThreadPoolExecutor(1) as pool:
+            body = {"model": "m", "prompt": "x", "max_tokens": 1}
+            headers = {"authorization": f"Bearer {secret}"}
+            post = partial(httpx.post, json=body, headers=headers, timeout=30)
+            slow = pool.submit(post, a.url + "/v1/completions")
+            time.sleep(0.7)  # A's request is waiting for its first token now
+            refused = post(b.url + "/v1/completions")
+            assert slow.result().status_code == 200
+            assert refused.status_code == 429, refused.text
+            assert "in flight" in refused.json()["error"]["message"]
+            assert refused.headers["retry-after"] == "1"
+            assert post(b.url + "/v1/completions").status_code == 200  # freed for both
