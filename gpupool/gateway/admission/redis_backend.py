@@ -84,6 +84,9 @@ from gpupool.gateway.errors import QueueFull, QueueTimeout, ServiceUnavailable
 log = logging.getLogger(__name__)
 
 
+ATTEMPTS = 3  # tries of a release or withdrawal while the probe says Redis is up
+
+
 class RedisDown(Exception):
     """Redis could not be reached while serving an acquire; it is retried locally."""
 
@@ -149,6 +152,7 @@ class RedisAdmission:
         self._up = False
         self._waiting: dict[str, _Waiter] = {}
         self._held: dict[str, _Held] = {}
+        self._doubtful: set[str] = set()  # tickets whose last call failed: withdrawn on recovery
         self._renewing: list[tuple[str, str]] | None = None  # releases during a renew call
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()  # every background task, for references
@@ -288,8 +292,8 @@ class RedisAdmission:
             # not necessarily an outage (a timeout on a busy loop): the probe decides, and the
             # acquire is retried, through Redis or locally; a ticket the failed call may have
             # left behind is withdrawn (or its slot released) in the background
-            if await self._suspect(exc):
-                self._spawn(self._withdraw(waiter.iid))
+            await self._suspect(exc)
+            self._spawn(self._withdraw(waiter.iid))
             raise RedisDown() from exc
         except (QueueFull, QueueTimeout, RedisDown, Requeued, ServiceUnavailable):
             raise
@@ -368,7 +372,9 @@ class RedisAdmission:
 
     async def _release_remote(self, iid: str, worker: str) -> None:
         granted: list[tuple[str, str]] = []
-        while self._up:  # the script is idempotent: retried while Redis is up
+        for _ in range(ATTEMPTS):  # the script is idempotent: retried while Redis is up
+            if not self._up:
+                return  # released locally; the lease expires with its TTL
             try:
                 granted = await self._store.release(iid, worker, self._cap(worker))
                 break
@@ -379,7 +385,9 @@ class RedisAdmission:
 
     async def _withdraw(self, iid: str) -> None:
         """A waiter left without a lease: drop its ticket, or release a slot it raced to."""
-        while self._up:  # both scripts are idempotent: retried while Redis is up
+        for _ in range(ATTEMPTS):  # both scripts are idempotent: retried while Redis is up
+            if not self._up:
+                break
             try:
                 out = await self._store.withdraw(iid)
                 if out.status == "granted":
@@ -387,6 +395,8 @@ class RedisAdmission:
                 return
             except StoreUnavailable as exc:
                 await self._suspect(exc)
+        # a call may still reach Redis later (a hung server wakes up): withdrawn on recovery
+        self._doubtful.add(iid)
 
     async def _dispatch(self, workers: list[str]) -> None:
         try:
@@ -416,6 +426,9 @@ class RedisAdmission:
         await self._ctl.ping()
         await self._renew()
         self._up = True
+        doubtful, self._doubtful = self._doubtful, set()
+        for iid in doubtful:
+            self._spawn(self._withdraw(iid))
         moved = self._local.requeue_all()
         log.info("admission: Redis reachable; %d local waiters moved back", moved)
         await self._renew()  # also assert what the local fallback granted during the first one

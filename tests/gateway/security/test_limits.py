@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -29,6 +32,8 @@ from gpupool.gateway.security.limits.memory import MemoryLimits
 from tests.admission.conftest import RedisServer
 from tests.procs import gateway, running, sim
 from tests.procs import redis_server as redis_proc
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def principal(name: str = "alice", **limits: int) -> Principal:
@@ -212,23 +217,30 @@ async def test_keys_without_limits_cost_nothing(replicas: Replicas) -> None:
     assert (await replicas.next.admit(None)).limits is None
 
 
-async def test_a_dead_replicas_slots_come_back_within_the_ttl(build: Build) -> None:
-    alice = principal(max_concurrent=1)
-    dying = await build(lease_ttl_s=0.6)
-    alive = await build(lease_ttl_s=0.6)
-    await dying.admit(alice)
+async def test_a_dead_replicas_slots_come_back_within_the_ttl(
+    build: Build, redis_server: RedisServer
+) -> None:
+    prefix = f"test-{uuid.uuid4().hex[:8]}"
+    alive = await build(prefix=prefix, lease_ttl_s=0.6)
     held = await alive.admit(principal("bob", max_concurrent=1))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.gateway.security.limits_proc", redis_server.url, prefix,
+        "0.6", cwd=ROOT, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    assert (await asyncio.wait_for(proc.stdout.readline(), 20)).strip() == b"held"
     await asyncio.sleep(1.0)  # past the TTL: both replicas keep renewing what they hold
     assert await alive.in_use("alice") == 1
     assert await alive.in_use("bob") == 1
-    assert dying._renewer is not None
-    dying._renewer.cancel()  # the replica stops (no close, no renewals)
+    with pytest.raises(RateLimited):
+        await alive.admit(principal(max_concurrent=1))
+    proc.kill()  # SIGKILL: no release, no renewals
+    await proc.wait()
     died = time.monotonic()
-
     while await alive.in_use("alice"):
         assert time.monotonic() - died < 3
         await asyncio.sleep(0.05)
-    await alive.admit(alice)
+    await alive.admit(principal(max_concurrent=1))
     assert await alive.in_use("bob") == 1  # a live replica's hold outlived the TTL
     await held.close(None)
 
@@ -314,3 +326,25 @@ def test_max_concurrent_holds_across_two_gateway_processes(tmp_path: Path) -> No
             assert "in flight" in refused.json()["error"]["message"]
             assert refused.headers["retry-after"] == "1"
             assert post(b.url + "/v1/completions").status_code == 200  # freed for both
+
+
+async def test_a_call_lost_to_a_hung_redis_is_undone_when_it_answers(
+    build: Build, own_redis: RedisServer
+) -> None:
+    alice = principal(tpm=1000, max_concurrent=5)
+    limits = await build(url=own_redis.url, lease_ttl_s=2.0)
+    await (await limits.admit(alice, 1)).close(1)
+    assert own_redis.proc is not None
+    os.kill(own_redis.proc.pid, signal.SIGSTOP)  # no refusal: calls and probe time out
+    try:
+        hold = await asyncio.wait_for(limits.admit(alice, 300), 10)
+        assert not limits.redis_up
+    finally:
+        os.kill(own_redis.proc.pid, signal.SIGCONT)
+    await hold.close(10)  # settled locally
+    began = time.monotonic()
+    while (await limits.usage("alice")).tokens != 11:  # 1 shared + 10 local, not + 300
+        assert time.monotonic() - began < 5
+        await asyncio.sleep(0.05)
+    usage = await limits.usage("alice")
+    assert (usage.in_use, usage.reserved) == (0, 0)

@@ -42,7 +42,9 @@ from gpupool.gateway.security.limits.redis_store import RedisLimits
 log = logging.getLogger("gpupool.limits")
 
 DEFAULT_RESERVE_TOKENS = 4096
+ATTEMPTS = 3  # tries of a Redis call while the probe says Redis is up; then this replica's own
 NO_LIMITS = Policy()
+GiveArgs = tuple[str, Policy, str, int, int | None]  # LimitStore.give's arguments
 
 
 class Hold:
@@ -94,6 +96,8 @@ class KeyLimits:
         self._ids = itertools.count(1)
         self._token = secrets.token_hex(4)
         self._renewer: asyncio.Task[None] | None = None
+        self._unsettled: dict[str, GiveArgs] = {}  # gives owed to Redis, by hold id
+        self._closing = False
         self._tasks: set[asyncio.Task[None]] = set()
 
     @classmethod
@@ -160,6 +164,8 @@ class KeyLimits:
         return (await self.usage(name)).reserved
 
     async def aclose(self) -> None:
+        # the flag too: a cancel landing while redis-py connects can be swallowed (Python 3.11)
+        self._closing = True
         if self._renewer is not None:
             self._renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -174,16 +180,23 @@ class KeyLimits:
     async def _take(
         self, name: str, policy: Policy, hold_id: str, charge: int
     ) -> tuple[LimitStore, Refusal | None]:
-        while self._redis is not None and self._up:
+        for _ in range(ATTEMPTS):  # the script is idempotent: retried while Redis is up
+            if self._redis is None or not self._up:
+                break
             try:
                 refusal = await self._redis.take(name, policy, hold_id, charge)
             except StoreUnavailable as exc:
-                await self._suspect(exc)  # the script is idempotent: retried while Redis is up
+                # the call may still land (a hung server wakes up): undone once Redis answers
+                self._unsettled[hold_id] = (name, policy, hold_id, charge, 0)
+                await self._suspect(exc)
                 continue
+            self._unsettled.pop(hold_id, None)
             if refusal is None:
                 self._held[hold_id] = name
                 self._start_renewing()
             return self._redis, refusal
+        if self._up:
+            log.warning("per-key limits: Redis calls keep failing; admitting on local limits")
         return self._memory, await self._memory.take(name, policy, hold_id, charge)
 
     async def _give(self, hold: Hold, used: int | None) -> None:
@@ -192,13 +205,16 @@ class KeyLimits:
             await self._memory.give(*args)
             return
         redis = self._redis
-        while redis is not None and hold.store is redis and self._up:
+        for _ in range(ATTEMPTS):  # idempotent too
+            if redis is None or hold.store is not redis or not self._up:
+                break
             try:
                 await redis.give(*args)
                 return
             except StoreUnavailable as exc:
                 await self._suspect(exc)
-        # a Redis hold while Redis is down: its lease expires with its TTL
+        if redis is not None and hold.store is redis:  # settled once Redis answers again
+            self._unsettled[hold.hold_id] = args
 
     async def _suspect(self, exc: BaseException) -> None:
         """A call failed: Redis is down only if the probe fails too."""
@@ -218,7 +234,7 @@ class KeyLimits:
 
     async def _renew_loop(self) -> None:
         assert self._redis is not None
-        while True:
+        while not self._closing:
             await asyncio.sleep(self._redis.lease_ttl_s / 3)
             try:
                 await self._renew_once(self._redis)
@@ -233,6 +249,9 @@ class KeyLimits:
             log.info("per-key limits: Redis reachable again; limits shared again")
         try:
             await redis.renew([(name, hold_id) for hold_id, name in self._held.items()])
+            for hold_id, args in list(self._unsettled.items()):
+                await redis.give(*args)
+                self._unsettled.pop(hold_id, None)
         except StoreUnavailable as exc:
             await self._suspect(exc)
 
