@@ -282,6 +282,8 @@ def test_the_reservation_default_comes_from_the_config() -> None:
     limits = KeyLimits.from_config(cfg)
     assert limits.reserve_for(30, None) == 542
     assert limits.reserve_for(30, 8) == 38
+    assert limits.reserve_for(30, 8, n=4) == 62
+    assert limits.reserve_for(30, 0) == 30  # embeddings: the prompt only
 
 
 async def test_the_window_slides() -> None:

@@ -114,10 +114,12 @@ class KeyLimits:
     def redis_up(self) -> bool:
         return self._up
 
-    def reserve_for(self, prompt_tokens: int, max_tokens: int | None) -> int:
-        """A request's worst case: its prompt (an upper bound) plus what it may generate."""
+    def reserve_for(self, prompt_tokens: int, max_tokens: int | None, n: int = 1) -> int:
+        """A request's worst case: its prompt (an upper bound, all prompts of a batch) plus
+        ``n`` completions of ``max_tokens`` each (``auth.tpm_reserve_tokens`` when None; 0 for
+        routes that generate nothing: embeddings, tokenize)."""
         completion = self.default_reserve_tokens if max_tokens is None else max_tokens
-        return max(prompt_tokens, 0) + max(completion, 0)
+        return max(prompt_tokens, 0) + max(n, 1) * max(completion, 0)
 
     async def admit(self, principal: Principal | None, reserve_tokens: int = 0) -> Hold:
         """Admit a request under ``principal``'s key, reserving ``reserve_tokens`` of its tpm.
