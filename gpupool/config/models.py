@@ -202,6 +202,12 @@ class QueueConfig(_Strict):
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis for shared admission.")
     redis_prefix: str = Field("gpupool", description="Prefix of every Redis key.")
     max_queued: int = Field(1000, ge=0, description="Per model; beyond it: immediate 429.")
+    max_queued_per_tenant: int | None = Field(
+        None,
+        ge=1,
+        description="Most requests one tenant may have waiting in a model's queue (None: up to "
+        "`max_queued`); beyond it that tenant gets an immediate 429 while others still queue.",
+    )
     max_wait_s: float = Field(60.0, gt=0, description="Per model; x-gpupool-max-wait may lower.")
     keepalive_interval_s: float = Field(
         5.0, gt=0, description="SSE `: queued position=N` comment interval for queued streams."
@@ -252,6 +258,12 @@ class AuthConfig(_Strict):
     keys: list[ApiKey] = Field(default_factory=list, description="Client keys.")
     keys_file: str | None = Field(None, description="YAML file with more `keys`.")
     metrics_open: bool = Field(True, description="/metrics without a key.")
+    tpm_reserve_tokens: int = Field(
+        4096,
+        ge=0,
+        description="Completion tokens reserved against a key's `tpm` for a request without "
+        "`max_tokens` (with it: `max_tokens`); settled to the real usage when the request ends.",
+    )
 
 
 class GpupoolConfig(_Strict):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpupool.config import ConfigError, load_config
-from gpupool.config.models import GpupoolConfig, ModelConfig, QueueBackend, WorkerConfig
+from gpupool.config.models import GpupoolConfig, ModelConfig, WorkerConfig
 from gpupool.gateway.admission.base import Admission
 from gpupool.gateway.admission.factory import build_admission, new_replica_id
 from gpupool.gateway.catalog import Catalog
@@ -135,6 +135,7 @@ class Services:
         await self.supervisor.stop()
         await self.poller.close()
         await self.admission.close()
+        await self.key_limits.aclose()
         await self.client.close()
         self._sd_writer.shutdown(wait=True)  # the last state reaches disk before we exit
 
@@ -192,8 +193,7 @@ def build_services(
         health_interval_s=cfg.routing.health_interval_s, fail_threshold=cfg.routing.fail_threshold,
         health_timeout_s=cfg.routing.health_timeout_s,
     )  # fmt: skip
-    redis_url = cfg.queue.redis_url if cfg.queue.backend is QueueBackend.redis else None
-    key_limits = KeyLimits(redis_url, cfg.queue.redis_prefix)
+    key_limits = KeyLimits.from_config(cfg)
     pipeline = Pipeline(cfg, registry, catalog, router, admission, client, metrics, key_limits)
     services = Services(
         cfg, registry, catalog, metrics, client, admission, pipeline, poller, supervisor,

@@ -9,7 +9,7 @@ import pytest
 from gpupool.gateway.admission.base import Admission, Lease
 from gpupool.gateway.errors import QueueFull, QueueTimeout
 
-from .conftest import FakeWorkers, Make, depth, enqueue, held, ticket
+from .conftest import FakeWorkers, Make, depth, enqueue, held, ticket, until
 
 
 async def _chain(adm: Admission, tasks: dict[str, asyncio.Task[Lease]], first: Lease) -> list[str]:
@@ -63,6 +63,36 @@ async def test_queue_full_is_immediate_with_retry_after(make: Make) -> None:
     assert err.value.headers["retry-after"] == "30"
     for w in waiters:
         w.cancel()
+
+
+async def test_one_tenant_cannot_fill_a_models_queue(make: Make) -> None:
+    adm = await make(FakeWorkers(w1=1), max_queued=4, max_queued_per_tenant=2, max_wait_s=30.0)
+    holder = await adm.acquire(ticket(tenant="batch"))
+    batch = [await enqueue(adm, ticket(tenant="batch")) for _ in range(2)]
+    with pytest.raises(QueueFull) as err:
+        await adm.acquire(ticket(tenant="batch"))
+    assert err.value.status == 429 and "retry-after" in err.value.headers
+    assert "`batch`" in err.value.message and "share" in err.value.message
+    others = [await enqueue(adm, ticket(tenant="chat")) for _ in range(2)]  # room for others
+    assert (await adm.snapshot())["models"]["m"]["tenants"] == {"batch": 2, "chat": 2}
+    with pytest.raises(QueueFull):  # now the model's queue itself is full
+        await adm.acquire(ticket(tenant="third"))
+    await adm.release(holder)  # the first batch waiter is served: batch may queue one more
+    served = await asyncio.wait_for(batch[0], 2)
+    batch.append(await enqueue(adm, ticket(tenant="batch")))
+    assert (await adm.snapshot())["models"]["m"]["tenants"] == {"batch": 2, "chat": 2}
+    batch[1].cancel()  # a cancelled waiter gives its place back too
+    await until(lambda: _tenant_waiting(adm, "batch", 1))
+    await adm.release(served)
+    for task in [*batch[1:], *others]:
+        task.cancel()
+    await asyncio.gather(*batch[1:], *others, return_exceptions=True)
+    assert await depth(adm) == 0
+
+
+async def _tenant_waiting(adm: Admission, tenant: str, n: int) -> bool:
+    snap = await adm.snapshot()
+    return bool(snap["models"]["m"]["tenants"].get(tenant, 0) == n)
 
 
 async def test_retry_after_follows_the_drain_rate(make: Make) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import sys
 import time
 import uuid
@@ -303,3 +305,23 @@ def test_factory_builds_the_configured_backend() -> None:
     assert isinstance(adm, RedisAdmission) and adm.replica_id == "r1"
     host, pid, rand = new_replica_id().split(":")
     assert host and pid.isdigit() and len(rand) == 6
+
+
+async def test_a_hung_redis_is_found_by_the_probe_and_served_locally(
+    make_redis: MakeRedis, own_redis: RedisServer
+) -> None:
+    """An outage without a refused connection: Redis stops answering (SIGSTOP)."""
+    adm = await make_redis(FakeWorkers(w1=2), url=own_redis.url, recheck=0.05)
+    first = await adm.acquire(ticket())
+    assert own_redis.proc is not None
+    os.kill(own_redis.proc.pid, signal.SIGSTOP)
+    try:
+        # the call times out, the probe's PING times out too: down, served on the local share
+        lease = await asyncio.wait_for(adm.acquire(ticket()), 10)
+        assert lease.extra["via"] == "local" and not adm.redis_up
+    finally:
+        os.kill(own_redis.proc.pid, signal.SIGCONT)
+    await until(_up(adm), 10)
+    await adm.release(lease)
+    await adm.release(first)
+    assert await held(adm, "w1") == 0

@@ -64,6 +64,7 @@ class FairClock:
     def __init__(self) -> None:
         self._vtime: dict[int, int] = {}
         self._flows: dict[tuple[int, str], _Flow] = {}
+        self._waiting: dict[str, int] = {}  # per tenant, all priorities
         self._seq = itertools.count(1)
 
     def arrive(self, priority: int, tenant: str) -> OrderKey:
@@ -73,6 +74,7 @@ class FairClock:
         start = max(vtime, flow.finish)
         flow.finish = start + 1
         flow.waiting += 1
+        self._waiting[tenant] = self._waiting.get(tenant, 0) + 1
         return (priority, start, next(self._seq))
 
     def leave(self, key: OrderKey, tenant: str, *, granted: bool) -> None:
@@ -86,13 +88,19 @@ class FairClock:
         flow.waiting -= 1
         if flow.waiting <= 0:
             del self._flows[(priority, tenant)]
+        left = self._waiting[tenant] - 1
+        if left:
+            self._waiting[tenant] = left
+        else:
+            del self._waiting[tenant]
+
+    def waiting(self, tenant: str) -> int:
+        """Requests of ``tenant`` waiting (all priorities)."""
+        return self._waiting.get(tenant, 0)
 
     def tenants(self) -> dict[str, int]:
         """Waiting requests per tenant (all priorities)."""
-        counts: dict[str, int] = {}
-        for (_, tenant), flow in self._flows.items():
-            counts[tenant] = counts.get(tenant, 0) + flow.waiting
-        return counts
+        return dict(self._waiting)
 
 
 class DrainRate:

@@ -21,7 +21,9 @@ key                 type     contents
                              Redis ``TIME``); expired members are purged before counting, so a
                              dead replica's slots come back within ``lease_ttl_s``
 ``fair:<model>``    hash     SFQ state: ``v:<prio>`` virtual clock, ``f:<prio>:<tenant>`` finish
-                             tag, ``n:<prio>:<tenant>`` waiting count (both dropped at 0)
+                             tag, ``n:<prio>:<tenant>`` waiting count (both dropped at 0);
+                             ``t:<tenant>`` the tenant's waiting count, all priorities (its
+                             share of the queue, ``max_queued_per_tenant``; dropped at 0)
 ``rate:<model>``    hash     drain rate: ``r`` grants/s at time ``t`` (ms), decayed on read
 ``replicas``        zset     live replicas: member replica id, score = heartbeat expiry (ms)
 ``rt:<replica>``    set      iids of that replica's waiting tickets (for the dead-replica sweep)

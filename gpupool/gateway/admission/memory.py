@@ -60,6 +60,13 @@ def unique(names: list[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
+def tenant_full_message(ticket: Ticket, waiting: int) -> str:
+    return (
+        f"Tenant `{ticket.tenant}` has {waiting} requests waiting for model `{ticket.model}`, "
+        "its share of the queue; retry later."
+    )
+
+
 @dataclass(slots=True)
 class _ModelQueue:
     clock: FairClock = field(default_factory=FairClock)
@@ -75,12 +82,14 @@ class MemoryAdmission:
         workers: WorkerView,
         *,
         max_queued: int = 1000,
+        max_queued_per_tenant: int | None = None,
         max_wait_s: float = 60.0,
         keepalive_interval_s: float = 5.0,
         replica_id: str = "local",
     ) -> None:
         self._workers = workers
         self._max_queued = max_queued
+        self._max_per_tenant = max_queued_per_tenant
         self._max_wait_s = max_wait_s
         self._keepalive_s = keepalive_interval_s
         self.replica_id = replica_id
@@ -95,6 +104,7 @@ class MemoryAdmission:
         return cls(
             workers,
             max_queued=cfg.max_queued,
+            max_queued_per_tenant=cfg.max_queued_per_tenant,
             max_wait_s=cfg.max_wait_s,
             keepalive_interval_s=cfg.keepalive_interval_s,
             replica_id=replica_id,
@@ -204,13 +214,7 @@ class MemoryAdmission:
 
     def _enqueue(self, ticket: Ticket, candidates: tuple[str, ...]) -> _Waiter:
         queue = self._queue(ticket.model)
-        depth = len(queue.waiters)
-        if depth >= self._max_queued:
-            wait = retry_after(depth + 1, queue.rate.per_second(), self._max_wait_s)
-            raise QueueFull(
-                f"The queue for model `{ticket.model}` is full ({depth} waiting); retry later.",
-                retry_after_s=wait,
-            )
+        self._check_room(ticket, queue)
         loop = asyncio.get_running_loop()
         key = queue.clock.arrive(ticket.priority, ticket.tenant)
         waiter = _Waiter(ticket, key, candidates, loop.create_future(), since=loop.time())
@@ -218,6 +222,20 @@ class MemoryAdmission:
         for name in candidates:
             insort(self._eligible.setdefault(name, []), waiter, key=_key)
         return waiter
+
+    def _check_room(self, ticket: Ticket, queue: _ModelQueue) -> None:
+        """Raise ``QueueFull`` when the model's queue, or the tenant's share of it, is full."""
+        depth = len(queue.waiters)
+        if depth >= self._max_queued:
+            wait = retry_after(depth + 1, queue.rate.per_second(), self._max_wait_s)
+            raise QueueFull(
+                f"The queue for model `{ticket.model}` is full ({depth} waiting); retry later.",
+                retry_after_s=wait,
+            )
+        mine = queue.clock.waiting(ticket.tenant)
+        if self._max_per_tenant is not None and mine >= self._max_per_tenant:
+            wait = retry_after(depth + 1, queue.rate.per_second(), self._max_wait_s)
+            raise QueueFull(tenant_full_message(ticket, mine), retry_after_s=wait)
 
     def _unqueue(self, waiter: _Waiter, *, granted: bool) -> None:
         queue = self._queues[waiter.ticket.model]

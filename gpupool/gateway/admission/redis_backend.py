@@ -22,7 +22,12 @@ Cancellation. A waiter that leaves without a lease (cancelled, or its ``on_wait`
 ``withdraw`` to completion (shielded): if the ticket was granted meanwhile, the slot is released
 at once rather than left to expire.
 
-Outage. Any connection error marks Redis down. Policy ``reject``: new and waiting requests get
+Outage. Calls of the request path go through a bounded pool that waits for a free connection
+(``connection.py``), so a burst is never an outage. A failed call (refused, reset, timed out) is
+only a suspicion: Redis is marked down when the health probe, a ``PING`` over the control
+client, fails too; otherwise the call is retried (every script is idempotent). Heartbeat, renewal,
+re-check and pub/sub use that control client, never the request pool, so a burst waiting for
+connections cannot delay a renewal past the TTL. Policy ``reject``: new and waiting requests get
 ``ServiceUnavailable``. Policy ``local``: they are served by a :class:`MemoryAdmission` over this
 replica's share of each worker (``capacity // replicas_hint``, at least 1); the leases this
 replica already holds through Redis are counted in that share (``force_hold``), so the replica
@@ -53,25 +58,33 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
+from redis.asyncio import Redis
 
 from gpupool.config.models import QueueConfig, RedisFailurePolicy
 from gpupool.gateway.admission.base import Lease, Ticket, WaitCallback, WorkerView
+from gpupool.gateway.admission.connection import (
+    CONNECTION_ERRORS,
+    CONTROL_CONNECTIONS,
+    Probe,
+    StoreUnavailable,
+    redis_client,
+)
 from gpupool.gateway.admission.fairness import RATE_TAU_S, retry_after
 from gpupool.gateway.admission.keys import Keys
-from gpupool.gateway.admission.memory import MemoryAdmission, Requeued, unique
-from gpupool.gateway.admission.redis_scripts import (
-    CONNECTION_ERRORS,
-    Caps,
-    Store,
-    StoreUnavailable,
+from gpupool.gateway.admission.memory import (
+    MemoryAdmission,
+    Requeued,
+    tenant_full_message,
+    unique,
 )
+from gpupool.gateway.admission.redis_scripts import Caps, Store
 from gpupool.gateway.admission.waiting import consume, wait_for_grant
 from gpupool.gateway.errors import QueueFull, QueueTimeout, ServiceUnavailable
 
 log = logging.getLogger(__name__)
+
+
+ATTEMPTS = 3  # tries of a release or withdrawal while the probe says Redis is up
 
 
 class RedisDown(Exception):
@@ -107,26 +120,6 @@ class _Held:
     local: Lease | None = None  # also counted by the local fallback
 
 
-def redis_client(url: str, lease_ttl_s: float, max_connections: int = 64) -> Redis:
-    """A client that fails fast on a dead server and queues (not fails) on a busy pool.
-
-    One immediate retry covers a stale pooled socket after a Redis restart; short timeouts make
-    an outage visible within about ``lease_ttl_s / 2``. The pool is bounded and blocking, so a
-    burst of requests waits for a connection instead of being mistaken for an outage.
-    """
-    timeout = max(1.0, min(5.0, lease_ttl_s / 2))
-    pool = BlockingConnectionPool.from_url(
-        url,
-        max_connections=max_connections,
-        timeout=timeout,
-        decode_responses=True,
-        socket_timeout=timeout,
-        socket_connect_timeout=timeout,
-        retry=Retry(NoBackoff(), 1),
-    )
-    return Redis.from_pool(pool)
-
-
 class RedisAdmission:
     """The ``Admission`` contract shared through Redis by several gateway replicas."""
 
@@ -138,6 +131,7 @@ class RedisAdmission:
         replica_id: str,
         recheck_interval_s: float | None = None,
         client: Redis | None = None,
+        control: Redis | None = None,
     ) -> None:
         self._cfg = cfg
         self._workers = workers
@@ -146,13 +140,19 @@ class RedisAdmission:
         self._renew_s = cfg.lease_ttl_s / 3
         self._keys = Keys(cfg.redis_prefix)
         self._client = client or redis_client(cfg.redis_url, cfg.lease_ttl_s)
+        self._control = control or redis_client(
+            cfg.redis_url, cfg.lease_ttl_s, max_connections=CONTROL_CONNECTIONS
+        )
         self._store = Store(self._client, cfg.redis_prefix, cfg.lease_ttl_s, RATE_TAU_S)
+        self._ctl = Store(self._control, cfg.redis_prefix, cfg.lease_ttl_s, RATE_TAU_S)
+        self._probe = Probe(self._control)
         self._local = MemoryAdmission.from_config(
             cfg, ShareView(workers, cfg.replicas_hint), replica_id
         )
         self._up = False
         self._waiting: dict[str, _Waiter] = {}
         self._held: dict[str, _Held] = {}
+        self._doubtful: set[str] = set()  # tickets whose last call failed: withdrawn on recovery
         self._renewing: list[tuple[str, str]] | None = None  # releases during a renew call
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()  # every background task, for references
@@ -186,8 +186,9 @@ class RedisAdmission:
         await self._local.close()
         if self._up:
             with contextlib.suppress(StoreUnavailable):
-                await self._store.retire(self.replica_id)
+                await self._ctl.retire(self.replica_id)
         await self._client.aclose()
+        await self._control.aclose()
 
     # -- the contract ---------------------------------------------------------------------
 
@@ -199,7 +200,12 @@ class RedisAdmission:
             try:
                 return await self._acquire_once(ticket, on_wait, began, deadline)
             except (RedisDown, Requeued):
-                continue
+                if loop.time() >= deadline:  # retried until the ticket's own deadline
+                    raise QueueTimeout(
+                        f"No slot for model `{ticket.model}` within {ticket.max_wait_s:g}s; "
+                        "retry later.",
+                        retry_after_s=self._cfg.max_wait_s,
+                    ) from None
 
     async def release(self, lease: Lease) -> None:
         iid = lease.extra.get("iid")
@@ -233,7 +239,7 @@ class RedisAdmission:
             try:
                 view.update(await self._store.snapshot())
             except StoreUnavailable as exc:
-                self._went_down(exc)
+                await self._suspect(exc)
         return view
 
     # -- acquiring ------------------------------------------------------------------------
@@ -283,7 +289,11 @@ class RedisAdmission:
             if worker is None:
                 worker = await self._timed_out(waiter)
         except StoreUnavailable as exc:
-            self._went_down(exc)
+            # not necessarily an outage (a timeout on a busy loop): the probe decides, and the
+            # acquire is retried, through Redis or locally; a ticket the failed call may have
+            # left behind is withdrawn (or its slot released) in the background
+            await self._suspect(exc)
+            self._spawn(self._withdraw(waiter.iid))
             raise RedisDown() from exc
         except (QueueFull, QueueTimeout, RedisDown, Requeued, ServiceUnavailable):
             raise
@@ -300,13 +310,18 @@ class RedisAdmission:
             self.replica_id,
             (t.id, t.model, t.tenant, t.priority),
             self._caps(unique(t.candidates)),
-            self._cfg.max_queued,
+            (self._cfg.max_queued, self._cfg.max_queued_per_tenant or 0),
         )
         if out.status == "granted":
             return out.worker
         if out.status == "full":
             raise QueueFull(
                 f"The queue for model `{t.model}` is full ({out.position} waiting); retry later.",
+                retry_after_s=retry_after(out.position + 1, out.rate, self._cfg.max_wait_s),
+            )
+        if out.status == "tenant":
+            raise QueueFull(
+                tenant_full_message(t, out.waiting),
                 retry_after_s=retry_after(out.position + 1, out.rate, self._cfg.max_wait_s),
             )
         waiter.key = out.key
@@ -356,28 +371,44 @@ class RedisAdmission:
         return task
 
     async def _release_remote(self, iid: str, worker: str) -> None:
-        try:
-            granted = await self._store.release(iid, worker, self._cap(worker))
-        except StoreUnavailable as exc:
-            self._went_down(exc)
-            return
+        granted: list[tuple[str, str]] = []
+        for _ in range(ATTEMPTS):  # the script is idempotent: retried while Redis is up
+            if not self._up:
+                return  # released locally; the lease expires with its TTL
+            try:
+                granted = await self._store.release(iid, worker, self._cap(worker))
+                break
+            except StoreUnavailable as exc:
+                await self._suspect(exc)
         for to, on in granted:  # our own waiters need not wait for the pub/sub echo
             self._wake(to, on)
 
     async def _withdraw(self, iid: str) -> None:
         """A waiter left without a lease: drop its ticket, or release a slot it raced to."""
-        try:
-            out = await self._store.withdraw(iid)
-            if out.status == "granted":
-                await self._store.release(iid, out.worker, self._cap(out.worker))
-        except StoreUnavailable as exc:
-            self._went_down(exc)
+        for _ in range(ATTEMPTS):  # both scripts are idempotent: retried while Redis is up
+            if not self._up:
+                break
+            try:
+                out = await self._store.withdraw(iid)
+                if out.status == "granted":
+                    await self._store.release(iid, out.worker, self._cap(out.worker))
+                return
+            except StoreUnavailable as exc:
+                await self._suspect(exc)
+        # a call may still reach Redis later (a hung server wakes up): withdrawn on recovery
+        self._doubtful.add(iid)
 
     async def _dispatch(self, workers: list[str]) -> None:
         try:
             await self._store.recheck(self._caps(workers), [])
         except StoreUnavailable as exc:
+            await self._suspect(exc)
+
+    async def _suspect(self, exc: BaseException) -> bool:
+        """A call failed: Redis is down only if the probe fails too. True while it is up."""
+        if self._up and not await self._probe.reachable():
             self._went_down(exc)
+        return self._up
 
     def _went_down(self, exc: BaseException) -> None:
         if not self._up:
@@ -392,9 +423,12 @@ class RedisAdmission:
                 waiter.fut.set_exception(RedisDown())
 
     async def _recover(self) -> None:
-        await self._store.ping()
+        await self._ctl.ping()
         await self._renew()
         self._up = True
+        doubtful, self._doubtful = self._doubtful, set()
+        for iid in doubtful:
+            self._spawn(self._withdraw(iid))
         moved = self._local.requeue_all()
         log.info("admission: Redis reachable; %d local waiters moved back", moved)
         await self._renew()  # also assert what the local fallback granted during the first one
@@ -404,19 +438,19 @@ class RedisAdmission:
         leases = [(iid, held.worker) for iid, held in self._held.items()]
         self._renewing = []
         try:
-            listed = await self._store.renew(self.replica_id, leases)
+            listed = await self._ctl.renew(self.replica_id, leases)
         finally:
             released, self._renewing = self._renewing, None
         for iid, worker in released:  # released while the renew was in flight: undo a re-assert
-            await self._store.release(iid, worker, self._cap(worker))
-        await self._store.forget(self.replica_id, sorted(listed - self._waiting.keys()))
+            await self._ctl.release(iid, worker, self._cap(worker))
+        await self._ctl.forget(self.replica_id, sorted(listed - self._waiting.keys()))
 
     async def _recheck(self) -> None:
         waiters = [w for w in self._waiting.values() if w.key]
         if not waiters:
             return
         workers = unique([name for w in waiters for name in w.ticket.candidates])
-        states = await self._store.recheck(self._caps(workers), [w.iid for w in waiters])
+        states = await self._ctl.recheck(self._caps(workers), [w.iid for w in waiters])
         for waiter, state in zip(waiters, states, strict=True):
             if waiter.fut.done() or waiter.iid not in self._waiting:
                 continue
@@ -440,7 +474,7 @@ class RedisAdmission:
                     next_renew = loop.time() + self._renew_s
                     await self._renew()
             except StoreUnavailable as exc:
-                self._went_down(exc)
+                await self._suspect(exc)
             except Exception:
                 log.exception("admission: maintenance step failed")
 
@@ -448,7 +482,7 @@ class RedisAdmission:
         channel = self._keys.wake(self.replica_id)
         while not self._closing:
             with contextlib.suppress(*CONNECTION_ERRORS):
-                async with self._client.pubsub() as pubsub:
+                async with self._control.pubsub() as pubsub:
                     await pubsub.subscribe(channel)
                     while not self._closing:
                         msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.25)

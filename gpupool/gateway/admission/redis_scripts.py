@@ -29,9 +29,8 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from gpupool.gateway.admission.connection import CONNECTION_ERRORS, StoreUnavailable
 from gpupool.gateway.admission.fairness import PRIORITY_LIMIT, clamp_priority
 from gpupool.gateway.admission.keys import lua_key_table
 
@@ -90,6 +89,8 @@ local function unqueue(h)
   if redis.call('HINCRBY', f, n, -1) <= 0 then
     redis.call('HDEL', f, n, 'f:' .. h.prio .. ':' .. h.tenant)
   end
+  local t = 't:' .. h.tenant
+  if redis.call('HINCRBY', f, t, -1) <= 0 then redis.call('HDEL', f, t) end
 end
 
 local function drop(h)
@@ -150,7 +151,7 @@ end
 
 _ACQUIRE = """
 local iid, rep, tid, model, tenant = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
-local prio, maxq = tonumber(ARGV[9]), tonumber(ARGV[10])
+local prio, maxq, maxt = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
 heartbeat(rep)
 local known = ticket(iid)
 if known then return status(known) end
@@ -158,7 +159,7 @@ local function record(...)
   redis.call('HSET', K.ticket(iid), 'model', model, 'tenant', tenant, 'prio', prio, 'rep', rep,
     'tid', tid, 'enq', NOW, ...)
 end
-for i = 11, #ARGV, 2 do
+for i = 12, #ARGV, 2 do
   local w, cap = ARGV[i], tonumber(ARGV[i + 1])
   if cap > 0 and redis.call('ZCARD', K.waiters(w)) == 0 and held(w) < cap then
     record()
@@ -169,6 +170,9 @@ end
 local depth = redis.call('ZCARD', K.queue(model))
 if depth >= maxq then return {'full', depth, tostring(rate_now(model))} end
 local f = K.fair(model)
+local mine = tonumber(redis.call('HGET', f, 't:' .. tenant)) or 0
+if maxt > 0 and mine >= maxt then return {'tenant', mine, tostring(rate_now(model)), depth} end
+redis.call('HINCRBY', f, 't:' .. tenant, 1)
 local v = tonumber(redis.call('HGET', f, 'v:' .. prio)) or 0
 local start = math.max(v, tonumber(redis.call('HGET', f, 'f:' .. prio .. ':' .. tenant)) or v)
 redis.call('HSET', f, 'f:' .. prio .. ':' .. tenant, start + 1)
@@ -176,7 +180,7 @@ redis.call('HINCRBY', f, 'n:' .. prio .. ':' .. tenant, 1)
 local seq = redis.call('INCR', K.seq())
 local key = string.format('%010d:%016d:%016d:', prio + LIMIT + 1, start, seq) .. iid
 local cands = {}
-for i = 11, #ARGV, 2 do
+for i = 12, #ARGV, 2 do
   cands[#cands + 1] = ARGV[i]
   redis.call('ZADD', K.waiters(ARGV[i]), 0, key)
 end
@@ -184,7 +188,7 @@ record('key', key, 'cands', table.concat(cands, ','))
 redis.call('ZADD', K.queue(model), 0, key)
 redis.call('SADD', K.replica_tickets(rep), iid)
 redis.call('SADD', K.models(), model)
-dispatch_pairs(11, #ARGV)
+dispatch_pairs(12, #ARGV)
 return status(ticket(iid))
 """.replace("LIMIT", str(PRIORITY_LIMIT))
 
@@ -286,20 +290,13 @@ return cjson.encode(out)
 """
 
 
-CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
-
-
-class StoreUnavailable(Exception):
-    """Redis could not be reached (refused, reset, timed out). Deliberately not an OSError, so
-    a caller can tell it from its own I/O errors (a client that went away)."""
-
-
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What ``acquire`` or ``withdraw`` did.
 
     ``status``: ``granted`` (``worker``), ``queued`` (``position``, ``key``), ``full``
-    (``position`` = depth, ``rate``), ``removed`` (``position``, ``rate``) or ``gone``.
+    (``position`` = depth, ``rate``), ``tenant`` (the tenant's share is full: ``waiting``,
+    ``position`` = depth, ``rate``), ``removed`` (``position``, ``rate``) or ``gone``.
     """
 
     status: str
@@ -307,6 +304,7 @@ class Outcome:
     position: int = 0
     key: str = ""
     rate: float = 0.0
+    waiting: int = 0
 
 
 def _outcome(reply: list[Any]) -> Outcome:
@@ -317,6 +315,8 @@ def _outcome(reply: list[Any]) -> Outcome:
         return Outcome(status, position=int(reply[1]), key=str(reply[2]))
     if status in ("full", "removed"):
         return Outcome(status, position=int(reply[1]), rate=float(reply[2]))
+    if status == "tenant":
+        return Outcome(status, position=int(reply[3]), rate=float(reply[2]), waiting=int(reply[1]))
     return Outcome(status)
 
 
@@ -372,10 +372,10 @@ class Store:
         replica: str,
         ticket: tuple[str, str, str, int],  # (client ticket id, model, tenant, priority)
         caps: Caps,
-        max_queued: int,
+        max_queued: tuple[int, int],  # (per model, per tenant; 0: no tenant share)
     ) -> Outcome:
         tid, model, tenant, priority = ticket
-        args = [iid, replica, tid, model, tenant, clamp_priority(priority), max_queued]
+        args = [iid, replica, tid, model, tenant, clamp_priority(priority), *max_queued]
         return _outcome(await self._run("acquire", *args, *_flat(list(caps))))
 
     async def release(self, iid: str, worker: str, cap: int) -> list[tuple[str, str]]:

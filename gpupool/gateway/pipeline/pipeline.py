@@ -162,13 +162,13 @@ class Pipeline:
         return opts if opts.needs_transform else None
 
     def _reserve(self, plan: Plan, req: Parsed) -> int:
-        """The tokens this request may spend at most: reserved from the key's budget up front."""
+        """The tokens this request may spend at most, reserved from the key's budget up front
+        (settled to the real usage when it ends): its prompt, counted or estimated from its
+        bytes, and every sequence's ``max_tokens`` (``auth.tpm_reserve_tokens`` without one)."""
         route = plan.route
         prompt = route.prompt_tokens if route.exact else len(req.raw) // _BYTES_PER_TOKEN
-        if not plan.kind.generates:
-            return prompt
-        completion = req.max_tokens or self.key_limits.default_completion_tokens
-        return prompt + completion * req.sequences
+        max_tokens = req.max_tokens if plan.kind.generates else 0
+        return self.key_limits.reserve_for(prompt, max_tokens, n=req.sequences)
 
     # ---- media -----------------------------------------------------------------------------
 

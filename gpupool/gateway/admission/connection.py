@@ -1,0 +1,79 @@
+"""Redis connections for shared state: a request pool that waits, and a health probe.
+
+Two clients per user of Redis (admission, per-key limits):
+
+* the **request pool** carries the calls of the request path. It is bounded and blocking with no
+  pool timeout: under a burst a call waits for a connection instead of failing, so load can
+  never look like an outage. Each call is still bounded by the socket timeouts, so a hung
+  server frees the connections it holds.
+* the **control client** (a couple of connections of its own) carries the heartbeat, lease
+  renewal, pub/sub and the health probe, so a burst queued on the request pool cannot delay a
+  renewal past the lease TTL.
+
+A failed call on the request pool is only a *suspicion*: :class:`Probe` then pings Redis over
+the control client (one probe at a time, shared by every caller that suspects), and only a
+failed ping (refused, reset, or no answer within the socket timeout) declares Redis down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+CONTROL_CONNECTIONS = 3  # pub/sub listener, maintenance, probe
+
+
+class StoreUnavailable(Exception):
+    """Redis could not be reached (refused, reset, timed out). Deliberately not an OSError, so
+    a caller can tell it from its own I/O errors (a client that went away)."""
+
+
+def socket_timeout_s(lease_ttl_s: float) -> float:
+    """Seconds one call may take: about half a lease TTL, within [1, 5]."""
+    return max(1.0, min(5.0, lease_ttl_s / 2))
+
+
+def redis_client(url: str, lease_ttl_s: float, max_connections: int = 64) -> Redis:
+    """A client that fails fast on a dead server and waits (never fails) on a busy pool.
+
+    One immediate retry covers a stale pooled socket after a Redis restart; the socket timeouts
+    make an outage visible within about ``lease_ttl_s / 2``.
+    """
+    timeout = socket_timeout_s(lease_ttl_s)
+    pool = BlockingConnectionPool.from_url(
+        url,
+        max_connections=max_connections,
+        timeout=None,  # wait for a free connection as long as it takes
+        decode_responses=True,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry=Retry(NoBackoff(), 1),
+    )
+    return Redis.from_pool(pool)
+
+
+class Probe:
+    """Is Redis reachable? One ``PING`` at a time over the control client, shared by callers."""
+
+    def __init__(self, control: Redis) -> None:
+        self._control = control
+        self._running: asyncio.Task[bool] | None = None
+
+    async def reachable(self) -> bool:
+        """True when Redis answers a ``PING`` (concurrent callers share one probe)."""
+        if self._running is None or self._running.done():
+            self._running = asyncio.get_running_loop().create_task(self._ping())
+        return await asyncio.shield(self._running)
+
+    async def _ping(self) -> bool:
+        try:
+            await self._control.ping()
+        except CONNECTION_ERRORS:
+            return False
+        return True

@@ -1,0 +1,75 @@
+"""A tenant's share of a model's queue, through real ``gpupool serve`` processes and both backends.
+
+One worker slot, ``max_queued: 4``, ``max_queued_per_tenant: 2``: a batch tenant fills its two
+places, its next request gets 429 with ``Retry-After``, and another tenant still queues and is
+served.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.procs import gateway, redis_server, running, sim
+
+BATCH, CHAT = "sk-batch-1", "sk-chat-1"
+
+
+def _h(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def _post(url: str, key: str) -> httpx.Response:
+    body = {"model": "m", "prompt": "x", "max_tokens": 1}
+    return httpx.post(url + "/v1/completions", json=body,
+                      headers={"authorization": f"Bearer {key}"}, timeout=60)  # fmt: skip
+
+
+def _queued(url: str) -> int:
+    snap = httpx.get(url + "/admin/queue", headers={"authorization": "Bearer sk-admin-1"}).json()
+    return int(snap.get("models", {}).get("m", {}).get("depth", 0))
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+def test_one_tenant_cannot_fill_the_queue_over_http(tmp_path: Path, backend: str) -> None:
+    redis = redis_server(tmp_path)
+    worker = sim(model="m", tmp=tmp_path, max_num_seqs=1, ttft_ms=800)
+    queue: dict[str, Any] = {"max_queued": 4, "max_queued_per_tenant": 2, "max_wait_s": 30}
+    if backend == "redis":
+        queue |= {"backend": "redis", "redis_url": redis.url}
+    cfg = {
+        "models": [{"name": "m"}],
+        "workers": [{"name": "w", "model": "m", "url": worker.url, "max_inflight": 1}],
+        "queue": queue,
+        "auth": {
+            "enabled": True,
+            "admin_key_sha256": _h("sk-admin-1"),
+            "keys": [
+                {"name": "batch", "sha256": _h(BATCH)},
+                {"name": "chat", "sha256": _h(CHAT)},
+            ],
+        },
+    }
+    gw = gateway(cfg, tmp_path)
+    with running(redis, worker, gw), ThreadPoolExecutor(4) as pool:
+        first = pool.submit(_post, gw.url, BATCH)  # takes the slot
+        waiting = []
+        for depth in (1, 2):
+            waiting.append(pool.submit(_post, gw.url, BATCH))
+            deadline = time.monotonic() + 10
+            while _queued(gw.url) < depth:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+        refused = _post(gw.url, BATCH)
+        assert refused.status_code == 429, refused.text
+        assert "share of the queue" in refused.json()["error"]["message"]
+        assert int(refused.headers["retry-after"]) >= 1
+        chat = pool.submit(_post, gw.url, CHAT)  # another tenant still gets a place
+        codes = [f.result().status_code for f in (first, *waiting, chat)]
+        assert codes == [200, 200, 200, 200]
