@@ -17,6 +17,7 @@ import socket
 import struct
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.fault_tools import report
 from tests.hostile_tools import Recorder, assert_nothing_held, held
 from tests.procs import gateway, running, sim
 
@@ -82,6 +84,51 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
             yield Pool(g.url, w.url, rec)
 
 
+_COUNTED = ("/v1/", "/tokenize", "/detokenize", "/pooling", "/classify", "/score", "/rerank")
+
+
+@pytest.fixture(autouse=True)
+def tally(pool: Pool, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[
+        list[str]]:  # fmt: skip
+    """What every client of the case saw (HTTP status, ``left``, ``conn-error``), reported with
+    what stayed held once it ended: ``FAULT-RESULT`` lines (and ``GPUPOOL_FAULT_RESULTS``)."""
+    seen: list[str] = []
+    port = pool.gw.rsplit(":", 1)[1]
+    send, asend = httpx.Client.send, httpx.AsyncClient.send
+
+    def counted(req: httpx.Request) -> bool:
+        return str(req.url.port) == port and req.url.path.startswith(_COUNTED)
+
+    def sync_send(self: httpx.Client, req: httpx.Request, **kw: Any) -> httpx.Response:
+        try:
+            r = send(self, req, **kw)
+        except httpx.HTTPError:
+            seen.extend(["conn-error"] if counted(req) else [])
+            raise
+        seen.extend([str(r.status_code)] if counted(req) else [])
+        return r
+
+    async def async_send(self: httpx.AsyncClient, req: httpx.Request, **kw: Any) -> httpx.Response:
+        try:
+            r = await asend(self, req, **kw)
+        except (httpx.HTTPError, asyncio.CancelledError) as e:
+            if counted(req):
+                seen.append("left" if isinstance(e, asyncio.CancelledError) else "conn-error")
+            raise
+        seen.extend([str(r.status_code)] if counted(req) else [])
+        return r
+
+    monkeypatch.setattr(httpx.Client, "send", sync_send)
+    monkeypatch.setattr(httpx.AsyncClient, "send", async_send)
+    yield seen
+    monkeypatch.undo()
+    snapshot = held(pool.gw, ADMIN_H)
+    leaked = sum(int(v) for part in snapshot.values() for v in part.values())
+    by_status = dict(sorted(Counter(seen).items()))
+    report(f"hostile: {request.node.name}", sent=len(seen), by_status=by_status, leaked=leaked,
+           five_xx=sum(n for k, n in by_status.items() if k.startswith("5")))  # fmt: skip
+
+
 def _key(key: str) -> dict[str, str]:
     return {"authorization": f"Bearer {key}"}
 
@@ -117,11 +164,12 @@ def _pipeline_and_reset(gw: str, key: str) -> None:
 
 
 def test_client_that_resets_while_the_gateway_is_blocked_writing_leaks_nothing(
-    pool: Pool,
+    pool: Pool, tally: list[str]
 ) -> None:
     gw = pool.gw
     for _ in range(3):
         _pipeline_and_reset(gw, PAIR)
+        tally += ["left", "left"]  # two pipelined requests, then a reset
     assert_nothing_held(gw, ADMIN_H, within_s=3.0)
     # The key (max_concurrent 2) and the model still work.
     r = httpx.post(gw + "/v1/completions", headers=_key(PAIR), timeout=30,
