@@ -69,7 +69,7 @@ of the Qwen3.5/3.6 family is used and said so.
 def init(ctx: click.Context, /, **opts: Any) -> None:
     """Write a gpupool.yaml for this host: one worker per GPU (or tensor-parallel group), every
     vLLM flag chosen by the planner and explained in a comment."""
-    interactive = sys.stdin.isatty() and opts["output"] != "-"
+    interactive = _interactive(opts["output"])
     if interactive:
         _ask(opts)
     if not opts["model_ref"]:
@@ -90,6 +90,11 @@ def init(ctx: click.Context, /, **opts: Any) -> None:
     _write(text, opts["output"])
     if opts["output"] != "-":
         _summary(layout, opts["output"])
+
+
+def _interactive(output: str) -> bool:
+    """Questions only for a person at a terminal, and not when the file goes to stdout."""
+    return sys.stdin.isatty() and output != "-"
 
 
 def _ask(opts: dict[str, Any]) -> None:

@@ -234,4 +234,11 @@ def _gpu_list(group: Sequence[GpuInfo]) -> str:
 
 def _refusal(model: ResolvedModel, reasons: list[str]) -> str:
     lines = "\n".join(f"  - {r}" for r in reasons)
-    return f"{model.spec.name} cannot be served on this host:\n{lines}"
+    hint = (
+        "\n(gpu-memory-utilization keeps ~6.5 GiB per GPU outside vLLM's budget for the CUDA "
+        "context and the Gated DeltaNet Triton autotuner, seed 000)"
+        if model.spec.is_hybrid
+        else ""
+    )
+    fixes = "; try --quantization fp8, a quantized checkpoint, a shorter --context or more GPUs"
+    return f"{model.spec.name} cannot be served on this host:\n{lines}{hint}\n{fixes.lstrip('; ')}"
