@@ -25,14 +25,11 @@ from gpupool.workers.planner.memory import CUDA_CONTEXT_BYTES, GiB
 from gpupool.workers.planner.model_spec import ModelSpec
 from gpupool.workers.planner.plan import Plan, PlanArgs
 from gpupool.workers.planner.planning import default_limits, plan_from_args
-from gpupool.workers.planner.verdicts import TRITON_AUTOTUNE_HEADROOM
+from gpupool.workers.planner.verdicts import TRITON_AUTOTUNE_HEADROOM, WARM_CACHE_HEADROOM
 
 MAX_UTILIZATION = 0.95
 PLAIN_HEADROOM = 3 * GiB // 2
 """Outside the budget for a model without Triton-autotuned layers: allocator slack, NCCL."""
-WARM_CACHE_HEADROOM = 5 * GiB
-"""Outside the budget on a card whose Triton cache was warmed by a larger card first: the
-shapes the warm-up did not cover still autotune (seed 000 ran 0.83 of 32 GB: 5.4 GB)."""
 MIN_CONTEXT = 4096
 CONTEXT_STEP = 1024
 
@@ -102,6 +99,7 @@ def plan_target(
         max_num_batched_tokens=batched,
         kv_cache_dtype=t.kv_cache_dtype,
         quantization=t.quantization,
+        triton_cache_warmed=t.warmed,
     )
     return plan_from_args(spec, args)
 

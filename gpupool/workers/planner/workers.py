@@ -14,6 +14,7 @@ from gpupool.workers.planner.checks import (
     launch_findings,
     launch_gpu_memory,
     launch_path,
+    warmed_workers,
 )
 from gpupool.workers.planner.errors import PlannerError
 from gpupool.workers.planner.findings import Finding
@@ -88,6 +89,7 @@ def plan_workers(
     """One :class:`WorkerPlan` per launched worker, and the GPU-sharing findings."""
     plans: list[WorkerPlan] = []
     launched: list[WorkerConfig] = []
+    warmed = warmed_workers(config, gpus)
     for i, w in enumerate(config.workers):
         if w.launch is None:
             continue
@@ -97,7 +99,16 @@ def plan_workers(
         source = spec.source if isinstance(spec, ResolvedModel) else None
         if isinstance(spec, ResolvedModel):
             spec = spec.spec
-        made = _worker_plan(i, w.name, launch, gpus, spec, gpu_memory_bytes, overhead_fraction)
+        made = _worker_plan(
+            i,
+            w.name,
+            launch,
+            gpus,
+            spec,
+            gpu_memory_bytes,
+            overhead_fraction,
+            warmed=w.name in warmed,
+        )
         plans.append(replace(made, model_source=source))
     return plans, check_gpu_sharing(launched)
 
@@ -110,6 +121,8 @@ def _worker_plan(
     spec: ModelSpec | str,
     memory: int | None,
     overhead_fraction: float | None,
+    *,
+    warmed: bool = False,
 ) -> WorkerPlan:
     prefix = launch_path(name, index)
     if not isinstance(spec, ModelSpec):
@@ -118,10 +131,12 @@ def _worker_plan(
     base = [f.under(prefix) for f in launch_findings(launch, gpus, spec)]
     memory = memory or launch_gpu_memory(launch, gpus)
     if memory is None:
-        findings = check_launch_config(name, launch, gpus, spec, index=index)
+        findings = check_launch_config(name, launch, gpus, spec, index=index, warmed=warmed)
         return WorkerPlan(index, name, None, NO_GPU_MEMORY, tuple(findings))
     try:
-        args = plan_args_from_launch(launch.args, memory, overhead_fraction=overhead_fraction)
+        args = plan_args_from_launch(
+            launch.args, memory, overhead_fraction=overhead_fraction, triton_cache_warmed=warmed
+        )
         plan = plan_from_args(spec, args)
     except PlannerError as e:
         return WorkerPlan(index, name, None, str(e), tuple(base))
