@@ -80,12 +80,18 @@ class HuggingFaceHub:
         from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
         from huggingface_hub.errors import RemoteEntryNotFoundError
 
+        endpoint = os.environ.get("HF_ENDPOINT") or None  # read now, not at import
+        url = hf_hub_url(repo_id, filename, endpoint=endpoint)
         try:  # one HEAD without retries: hf_hub_download backs off for ~25 s when offline
-            get_hf_file_metadata(hf_hub_url(repo_id, filename), timeout=self.timeout_s)
+            get_hf_file_metadata(url, timeout=self.timeout_s, endpoint=endpoint)
         except RemoteEntryNotFoundError:
             return None
         path = hf_hub_download(
-            repo_id, filename, cache_dir=hub_cache_dir(), etag_timeout=self.timeout_s
+            repo_id,
+            filename,
+            cache_dir=hub_cache_dir(),
+            etag_timeout=self.timeout_s,
+            endpoint=endpoint,
         )
         return Path(path)
 
