@@ -297,3 +297,27 @@ def test_plan_and_check_know_a_warmed_card_needs_less_headroom() -> None:
     # another architecture does not share the cache
     other = [host[0], gpu(1, "NVIDIA H100 80GB HBM3", 81559 << 20, (9, 0))]
     assert warmed_workers(load(SEED000), other) == set()
+
+
+def test_a_local_model_without_linear_attention_needs_no_autotuner_headroom(
+    tmp_path: Path,
+) -> None:
+    """A plain (Llama-shaped) checkpoint from a directory: no Gated DeltaNet, so no Triton
+    headroom, warm-up or start_after; no reasoning parser; the directory's name is served."""
+    model = tmp_path / "my-llama"
+    model.mkdir()
+    (model / "config.json").write_text(
+        '{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, '
+        '"intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, '
+        '"num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 131072, '
+        '"torch_dtype": "bfloat16"}'
+    )
+    r = run_init(tmp_path, "--model", str(model), "--gpu", "RTX 5090,RTX PRO 6000",
+                 "--context", "32768")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert f"model shape from local {model / 'config.json'}" in r.output
+    ws = list(workers(tmp_path).values())
+    assert [w["launch"]["args"]["gpu-memory-utilization"] for w in ws] == [0.93, 0.95]
+    assert all("warmup" not in w and "start_after" not in w["launch"] for w in ws)
+    assert all("reasoning-parser" not in w["launch"]["args"] for w in ws)
+    assert written(tmp_path)["models"][0]["name"] == "my-llama"
