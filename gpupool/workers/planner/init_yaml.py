@@ -131,9 +131,12 @@ def _limits_why(layout: PoolLayout) -> str:
 def _worker(doc: _Doc, layout: PoolLayout, w: WorkerLayout) -> None:
     f = w.flags
     gpus = f.target.gpus
-    names = ", ".join(f"{g.index}: {g.name} {g.memory_total_bytes / GiB:.1f} GiB" for g in gpus)
+    indices = ", ".join(str(g.index) for g in gpus)
+    each = " each" if len(gpus) > 1 else ""
     doc.line(f"  - name: {w.name}")
-    doc.comment(f"GPU {names}", 4)
+    doc.comment(
+        f"GPU {indices}: {gpus[0].name}, {gpus[0].memory_total_bytes / GiB:.1f} GiB{each}", 4
+    )
     doc.item("model", layout.model.spec.name, 4)
     doc.line("launch:", 4)
     doc.item("gpus", [g.index for g in gpus], 6)
