@@ -99,7 +99,8 @@ def tally(pool: Pool, request: pytest.FixtureRequest, monkeypatch: pytest.Monkey
     def counted(req: httpx.Request) -> bool:
         return str(req.url.port) == port and req.url.path.startswith(_COUNTED)
 
-    def sync_send(self: httpx.Client, req: httpx.Request, **kw: Any) -> httpx.Response:
+    def sync_send(self: httpx.Client, request: httpx.Request, **kw: Any) -> httpx.Response:
+        req = request
         try:
             r = send(self, req, **kw)
         except httpx.HTTPError:
@@ -108,7 +109,10 @@ def tally(pool: Pool, request: pytest.FixtureRequest, monkeypatch: pytest.Monkey
         seen.extend([str(r.status_code)] if counted(req) else [])
         return r
 
-    async def async_send(self: httpx.AsyncClient, req: httpx.Request, **kw: Any) -> httpx.Response:
+    async def async_send(
+        self: httpx.AsyncClient, request: httpx.Request, **kw: Any
+    ) -> httpx.Response:
+        req = request
         try:
             r = await asend(self, req, **kw)
         except (httpx.HTTPError, asyncio.CancelledError) as e:

@@ -12,7 +12,9 @@ costs milliseconds, not seconds, and cannot stall other requests.
 from __future__ import annotations
 
 import gc
+import re
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 import orjson
@@ -71,10 +73,26 @@ def load_json(raw: bytes, max_depth: int, max_containers: int = 200_000) -> dict
         raise InvalidBody(f"JSON decode error: {e.msg}") from None
     if not isinstance(obj, dict):
         raise _bad("body: Input should be a valid dictionary or object")
-    # A body cannot nest deeper than its number of brackets: only walk when it could.
-    if containers > max_depth and _depth(obj) > max_depth:
+    # A body cannot nest deeper than its number of brackets: only measure when it could.
+    if containers > max_depth and _nesting(raw, obj, containers) > max_depth:
         raise InvalidBody(f"JSON nesting deeper than {max_depth} levels")
     return obj
+
+
+def _nesting(raw: bytes, obj: object, containers: int) -> int:
+    """How deep ``obj`` (parsed from ``raw``) nests: by walking it when it holds few
+    containers, else from its bytes at C speed (strings removed, brackets summed)."""
+    if containers < 4096:
+        return _depth(obj)
+    brackets = _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
+
+
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_STEP = [0] * 256
+_STEP[ord("[")] = _STEP[ord("{")] = 1
+_STEP[ord("]")] = _STEP[ord("}")] = -1
 
 
 def _loads(raw: bytes, containers: int) -> Any:
