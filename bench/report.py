@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 PACE_MS = 20.0
-GATEWAYS_ORDER = ("gpupool", "gpupool-redis", "vllm-router", "sglang-router", "litellm")
+GATEWAYS_ORDER = ("gpupool", "gpupool-base", "gpupool-redis", "aiohttp-naive", "vllm-router", "sglang-router", "litellm")
 
 
 def _f(x: float | None, digits: int = 2) -> str:
@@ -359,6 +359,42 @@ def _real_vllm_lines(rv: dict[str, Any]) -> list[str]:
     ]
 
 
+def _spread(xs: list[float], digits: int = 3) -> str:
+    return f"{min(xs):.{digits}f}–{max(xs):.{digits}f}" if xs else "-"
+
+
+def _wrk_lines(w: dict[str, Any]) -> list[str]:
+    if "error" in w:
+        return [f"Not measured: {w['error']}"]
+    s = w["summary"]
+    ref = s.get("vllm-router", {})
+    versions = ", ".join(f"{k} {v}" for k, v in w.get("versions", {}).items() if v)
+    lines = [
+        f"`wrk -t1 --latency`, POST `{w['body']}`; each gateway alone on CPU1, wrk and nginx "
+        f"(answering from memory) on CPU0; {len(next(iter(w['rounds'].values())))} interleaved "
+        f"rounds of {w['seconds']:g} s per figure, medians (range over rounds). "
+        f"Versions: {versions}.",
+        "",
+        "| target | c=1 p50 / p99 ms | added p50 ms (range) | added p99 ms (range) "
+        "| added p50 × vllm-router | c=32 req/s (range) | × vllm-router | errors |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, v in s.items():
+        added = name != "direct"
+        ratio = _ratio(v["added_p50_ms"], ref.get("added_p50_ms")) if added else None
+        rate = _ratio(v["rps_c32"], ref.get("rps_c32")) if added else None
+        lines.append(
+            f"| {name} | {v['p50_ms']:.3f} / {v['p99_ms']:.3f} | "
+            f"{_f(v['added_p50_ms'], 3) if added else '-'} "
+            f"({_spread(v['added_p50_ms_all']) if added else '-'}) | "
+            f"{_f(v['added_p99_ms'], 3) if added else '-'} "
+            f"({_spread(v['added_p99_ms_all']) if added else '-'}) | "
+            f"{_fmt_ratio(ratio)} | {v['rps_c32']:,.0f} ({_spread(v['rps_c32_all'], 0)}) | "
+            f"{_fmt_ratio(rate)} | {v['errors']} |"
+        )
+    return lines
+
+
 def markdown(res: dict[str, Any]) -> str:
     an = analyse(res)
     meta = res["meta"]
@@ -416,6 +452,13 @@ def markdown(res: dict[str, Any]) -> str:
             "## gpupool admission queue (bench/bench_admission.py, on CPU1, Redis on CPU0)",
             "",
             *_admission_lines(res["admission"]),
+        ]
+    if res.get("wrk"):
+        out += [
+            "",
+            "## Second client: wrk against an nginx upstream (bench/wrkbench.py)",
+            "",
+            *_wrk_lines(res["wrk"]),
         ]
     if res.get("real_vllm"):
         out += [

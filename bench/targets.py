@@ -16,7 +16,7 @@ from rig import GATEWAY_CPU, PY, Proc, ensure_venv, free_port, pip_version
 
 MODELS = ("fast", "paced", "idle")
 PEERS = ("vllm-router", "sglang-router", "litellm")
-ALL = ("direct", "gpupool", "gpupool-redis", *PEERS)
+ALL = ("direct", "gpupool", "gpupool-base", "gpupool-redis", "aiohttp-naive", *PEERS)
 
 
 @dataclass
@@ -47,7 +47,10 @@ class Target:
             self.proc.stop()
 
 
-def _gpupool(name: str, upstream: int, tmp: Path, redis_url: str | None) -> Target:
+def _gpupool(
+    name: str, upstream: int, tmp: Path, redis_url: str | None, source: Path | None = None
+) -> Target:
+    """gpupool from this checkout, or (``source``) from another tree of it (``--baseline``)."""
     port = free_port()
     queue: dict[str, object] = {"backend": "memory", "max_queued": 100_000}
     if redis_url:
@@ -74,16 +77,26 @@ def _gpupool(name: str, upstream: int, tmp: Path, redis_url: str | None) -> Targ
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     argv = [str(PY), "-m", "gpupool", "serve", "--config", str(path)]
-    proc = Proc(name, argv, GATEWAY_CPU, tmp / f"{name}.log")
+    env = {"PYTHONPATH": str(source)} if source is not None else {}
+    proc = Proc(name, argv, GATEWAY_CPU, tmp / f"{name}.log", env=env)
     queue_note = "Redis queue backend" if redis_url else "memory queue backend"
     return Target(
         name,
         port,
-        metadata.version("gpupool"),
+        metadata.version("gpupool") if source is None else f"{metadata.version('gpupool')} @ {source.name}",
         proc=proc,
         ready_path="/ready",
         note=f"1 process, uvloop + httptools, {queue_note}",
     )
+
+
+def _naive(upstream: int, tmp: Path) -> Target:
+    port = free_port()
+    argv = [str(PY), str(Path(__file__).with_name("naive_proxy.py")), "--port", str(port),
+            "--upstream", f"http://127.0.0.1:{upstream}"]  # fmt: skip
+    proc = Proc("aiohttp-naive", argv, GATEWAY_CPU, tmp / "aiohttp-naive.log")
+    note = "aiohttp server + client session, forwarding only (bench/naive_proxy.py)"
+    return Target("aiohttp-naive", port, metadata.version("aiohttp"), proc=proc, note=note)
 
 
 def _rust_router(name: str, upstream: int, tmp: Path, logs: Path) -> Target:
@@ -164,16 +177,28 @@ def _litellm(upstream: int, tmp: Path, logs: Path) -> Target:
 
 
 def build(
-    names: list[str], upstream: int, tmp: Path, logs: Path, redis_url: str | None
+    names: list[str],
+    upstream: int,
+    tmp: Path,
+    logs: Path,
+    redis_url: str | None,
+    baseline: Path | None = None,
 ) -> list[Target]:
+    """``gpupool-base`` is gpupool run from ``baseline`` (a tree of another commit)."""
     out: list[Target] = []
     for name in names:
         if name == "direct":
             out.append(Target("direct", upstream, note="the upstream itself: the physical limit"))
         elif name == "gpupool":
             out.append(_gpupool(name, upstream, tmp, None))
+        elif name == "gpupool-base":
+            if baseline is None:
+                raise SystemExit("gpupool-base needs --baseline REV")
+            out.append(_gpupool(name, upstream, tmp, None, baseline))
         elif name == "gpupool-redis":
             out.append(_gpupool(name, upstream, tmp, redis_url))
+        elif name == "aiohttp-naive":
+            out.append(_naive(upstream, tmp))
         elif name in ("vllm-router", "sglang-router"):
             out.append(_rust_router(name, upstream, tmp, logs))
         elif name == "litellm":
