@@ -53,10 +53,15 @@ def syscalls(t: Target, wrk: str, script: Path, seconds: float, tmp: Path) -> di
         if m and m[2] != "total":
             calls[m[2]] = int(m[1])
     n = max(1, res["requests"])
-    per = {k: round(v / n, 2) for k, v in sorted(calls.items(), key=lambda kv: -kv[1]) if v / n >= 0.01}
+    ranked = sorted(calls.items(), key=lambda kv: -kv[1])
+    per = {k: round(v / n, 2) for k, v in ranked if v / n >= 0.01}
     loops = sum(v for k, v in calls.items() if k.startswith("epoll_"))
-    return {"requests": n, "per_request": per, "total_per_request": round(sum(calls.values()) / n, 2),
-            "loop_iterations_per_request": round(loops / n, 2)}  # fmt: skip
+    return {
+        "requests": n,
+        "per_request": per,
+        "total_per_request": round(sum(calls.values()) / n, 2),
+        "loop_iterations_per_request": round(loops / n, 2),
+    }
 
 
 def oncpu_ns(pid: int) -> int:
@@ -152,9 +157,12 @@ def main() -> None:
                 cpu0 = oncpu_ns(t.pid) if t.pid is not None else 0
                 plain = wrkbench.run_wrk(wrk, t.port, script, 1, args.seconds)
                 cpu = oncpu_ns(t.pid) - cpu0 if t.pid is not None else 0
-                row: dict[str, Any] = {"p50_us": plain["p50_us"], "p99_us": plain["p99_us"],
-                                       "rps": round(plain["rps"]),
-                                       "cpu_us_per_request": round(cpu / 1000 / plain["requests"], 1)}
+                row: dict[str, Any] = {
+                    "p50_us": plain["p50_us"],
+                    "p99_us": plain["p99_us"],
+                    "rps": round(plain["rps"]),
+                    "cpu_us_per_request": round(cpu / 1000 / plain["requests"], 1),
+                }
                 if t.pid is not None:
                     row["strace"] = syscalls(t, wrk, script, args.seconds, tmp)
                     if t.name.startswith(("gpupool", "aiohttp")):

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 PACE_MS = 20.0
-GATEWAYS_ORDER = ("gpupool", "gpupool-base", "gpupool-redis", "aiohttp-naive", "vllm-router", "sglang-router", "litellm")
+GATEWAYS_ORDER = ("gpupool", "gpupool-base", "gpupool-redis", "aiohttp-naive", "vllm-router",
+                  "sglang-router", "litellm")  # fmt: skip
 
 
 def _f(x: float | None, digits: int = 2) -> str:
@@ -360,7 +361,7 @@ def _real_vllm_lines(rv: dict[str, Any]) -> list[str]:
 
 
 def _spread(xs: list[float], digits: int = 3) -> str:
-    return f"{min(xs):.{digits}f}–{max(xs):.{digits}f}" if xs else "-"
+    return f"{min(xs):.{digits}f} to {max(xs):.{digits}f}" if xs else "-"
 
 
 def _wrk_lines(w: dict[str, Any]) -> list[str]:
@@ -376,7 +377,7 @@ def _wrk_lines(w: dict[str, Any]) -> list[str]:
         f"Versions: {versions}.",
         "",
         "| target | c=1 p50 / p99 ms | added p50 ms (range) | added p99 ms (range) "
-        "| added p50 × vllm-router | c=32 req/s (range) | × vllm-router | errors |",
+        "| added p50 vs vllm-router | c=32 req/s (range) | vs vllm-router | errors |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for name, v in s.items():
@@ -393,6 +394,13 @@ def _wrk_lines(w: dict[str, Any]) -> list[str]:
             f"{_fmt_ratio(rate)} | {v['errors']} |"
         )
     return lines
+
+
+def _wrk_section(res: dict[str, Any]) -> list[str]:
+    if not res.get("wrk"):
+        return []
+    title = "## Second client: wrk against an nginx upstream (bench/wrkbench.py)"
+    return ["", title, "", *_wrk_lines(res["wrk"])]
 
 
 def markdown(res: dict[str, Any]) -> str:
@@ -453,13 +461,7 @@ def markdown(res: dict[str, Any]) -> str:
             "",
             *_admission_lines(res["admission"]),
         ]
-    if res.get("wrk"):
-        out += [
-            "",
-            "## Second client: wrk against an nginx upstream (bench/wrkbench.py)",
-            "",
-            *_wrk_lines(res["wrk"]),
-        ]
+    out += _wrk_section(res)
     if res.get("real_vllm"):
         out += [
             "",

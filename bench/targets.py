@@ -83,7 +83,7 @@ def _gpupool(
     return Target(
         name,
         port,
-        metadata.version("gpupool") if source is None else f"{metadata.version('gpupool')} @ {source.name}",
+        metadata.version("gpupool") + ("" if source is None else f" @ {source.name}"),
         proc=proc,
         ready_path="/ready",
         note=f"1 process, uvloop + httptools, {queue_note}",

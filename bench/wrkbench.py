@@ -190,9 +190,8 @@ def _summary(rounds: list[dict[str, Any]], direct: list[dict[str, Any]]) -> dict
     out: dict[str, Any] = {}
     for q in ("p50", "p99"):
         own = [r["c1"][f"{q}_us"] / 1000 for r in rounds]
-        added = [
-            (r["c1"][f"{q}_us"] - d["c1"][f"{q}_us"]) / 1000 for r, d in zip(rounds, direct)
-        ]
+        pairs = zip(rounds, direct, strict=True)
+        added = [(r["c1"][f"{q}_us"] - d["c1"][f"{q}_us"]) / 1000 for r, d in pairs]
         out[f"{q}_ms"] = med(own)
         out[f"added_{q}_ms"] = med(added)
         out[f"added_{q}_ms_all"] = added
@@ -215,8 +214,8 @@ def measure(targets: list[Target], wrk: str, tmp: Path, rounds: int, seconds: fl
             script = lua_script(tmp, t.headers)
             raw[t.name].append(_round(wrk, t, script, seconds, everyone))
             c1, c32 = raw[t.name][-1]["c1"], raw[t.name][-1]["c32"]
-            print(f"  round {k + 1} {t.name:14s} c=1 p50 {c1['p50_us']:5d} µs "
-                  f"p99 {c1['p99_us']:5d} µs | c=32 {c32['rps']:8.0f} req/s", flush=True)  # fmt: skip
+            line = f"c=1 p50 {c1['p50_us']:5d} µs p99 {c1['p99_us']:5d} µs"
+            print(f"  round {k + 1} {t.name:14s} {line} | c=32 {c32['rps']:8.0f} req/s", flush=True)
     summary = {name: _summary(r, raw["direct"]) for name, r in raw.items()}
     return {"rounds": raw, "summary": summary, "seconds": seconds, "body": BODY.decode()}
 
@@ -269,7 +268,8 @@ def print_summary(res: dict[str, Any]) -> None:
         print(f"  {name:14s} {v['p50_ms']:7.3f} {v['p99_ms']:7.3f}  "
               f"{v['added_p50_ms']:6.3f} / {v['added_p99_ms']:6.3f}   "
               f"{'' if ratio is None else f'{ratio:5.2f}x'}         "
-              f"{v['rps_c32']:8.0f} {'' if rate is None else f'({rate:.2f}x)'}", flush=True)  # fmt: skip
+              f"{v['rps_c32']:8.0f} {'' if rate is None else f'({rate:.2f}x)'}",
+              flush=True)  # fmt: skip
 
 
 def main() -> None:

@@ -8,7 +8,9 @@ Bodies are bounded by size and time in the application (``read_body``).
 
 And one saving on every response: a response with a ``content-length`` (every whole JSON
 reply) goes out in one write, head and body together, instead of uvicorn's two (one system call
-and one TCP segment less per request; see :class:`CoalescingCycle`).
+and one TCP segment less per request; see :class:`CoalescingCycle`). The usual such response
+(sent whole, no hop-by-hop headers) is framed here in one pass, with uvicorn's header checks;
+anything else goes through uvicorn's own ``send``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,13 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import (
+    HEADER_RE,
+    HEADER_VALUE_RE,
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 
 class HeadTooLarge(Exception):
@@ -159,18 +167,71 @@ class CoalescingCycle(RequestResponseCycle):
             self._on_disconnect = callback
 
     async def send(self, message: Any) -> None:
-        if (
-            message["type"] == "http.response.start"
-            and not self.response_started
-            and any(k.lower() == b"content-length" for k, _ in message.get("headers", ()))
-        ):
+        kind = message["type"]
+        if kind == "http.response.start" and not self.response_started and _sized(message):
             self._held = message
             return
         held = self._held
-        if held is None or message["type"] != "http.response.body":
+        if held is None or kind != "http.response.body":
             await super().send(message)
             return
         self._held = None
+        if not message.get("more_body", False) and self._plain():
+            data = self._whole(held, message.get("body", b""))
+            if data is not None:
+                self._finish(data)
+                return
+        await self._coalesced(held, message)
+
+    def _plain(self) -> bool:
+        """Nothing that uvicorn's own send handles specially: no access log line, no HEAD, no
+        paused writes, a client still there."""
+        return not (
+            self.access_log
+            or self.flow.write_paused
+            or self.disconnected
+            or self.scope["method"] == "HEAD"
+        )
+
+    def _whole(self, start: Any, body: bytes) -> bytes | None:
+        """Head and body as one buffer, with uvicorn's header checks; ``None`` for anything
+        uvicorn's send must handle (bad headers, framing or connection headers, a body whose
+        length is not the declared one, a status without a body)."""
+        status = start["status"]
+        if status < 200 or status == 204 or status == 304:
+            return None
+        content = [STATUS_LINE[status]]
+        length = -1
+        for name, value in (*self.default_headers, *start.get("headers", ())):
+            if HEADER_RE.search(name) or HEADER_VALUE_RE.search(value):
+                return None  # uvicorn raises, as it should
+            name = name.lower()
+            if name == b"content-length":
+                if length < 0:
+                    length = int(value) if value.isdigit() else -2
+            elif name == b"transfer-encoding" or name == b"connection":
+                return None
+            content += (name, b": ", value, b"\r\n")
+        if length != len(body):
+            return None
+        if not self.keep_alive:
+            content.append(b"connection: close\r\n")
+        content += (b"\r\n", body)
+        return b"".join(content)
+
+    def _finish(self, data: bytes) -> None:
+        """What uvicorn's send does for a start and a final body message, in one write."""
+        self.response_started = True
+        self.waiting_for_100_continue = False
+        self.transport.write(data)
+        self.response_complete = True
+        self.message_event.set()
+        if not self.keep_alive:
+            self.transport.close()
+        self.on_response()
+
+    async def _coalesced(self, held: Any, message: Any) -> None:
+        """uvicorn's send for both messages, its two writes caught and sent as one."""
         transport, buffered = self.transport, _Buffered()
         self.transport = buffered  # type: ignore[assignment]
         try:
@@ -182,6 +243,13 @@ class CoalescingCycle(RequestResponseCycle):
                 transport.write(b"".join(buffered.parts))
             if buffered.closed:
                 transport.close()
+
+
+def _sized(message: Any) -> bool:
+    for name, _ in message.get("headers", ()):
+        if name == b"content-length" or name.lower() == b"content-length":
+            return True
+    return False
 
 
 def guarded_protocol(head_timeout_s: float, max_head_bytes: int) -> type[HttpToolsProtocol]:
