@@ -10,8 +10,12 @@ gateway alone on CPU1). For every target, one connection of ``wrk``:
 2. under ``strace -c -f``: system calls per request, by call. ``epoll_wait``/``epoll_pwait``
    calls per request are the event-loop iterations per request (libuv's ``uv_run`` and tokio
    call it once per turn). strace slows the target, so only counts are read from this run;
-3. under ``py-spy record --nonblocking`` (Python targets): the on-CPU samples of the gateway's
-   thread by function (self time) and by the gpupool frame that asked for the work.
+3. under ``perf record -e cpu-clock``: the share of its CPU by binary (interpreter, kernel,
+   uvloop, llhttp, libc, or a Rust router's own code);
+4. under ``py-spy record --nonblocking`` (Python targets): the samples of the gateway's thread
+   by function (self time) and by the gpupool frame that asked for the work. Samples whose
+   innermost frame is the event loop's ``run`` line are C code below Python (uvloop, system
+   calls) or time spent runnable; the Python shares are read among the others.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import argparse
 import contextlib
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,7 +35,7 @@ from typing import Any
 
 import wrkbench
 from rig import RIG_CPU, ROOT, pin_self, raise_nofile
-from targets import Target, build
+from targets import Target, baseline_tree, build
 
 PYSPY = ROOT / ".venv" / "bin" / "py-spy"
 _ROW = re.compile(r"^\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)\s*$")
@@ -91,29 +96,57 @@ def pyspy(t: Target, wrk: str, script: Path, seconds: float, tmp: Path) -> dict[
     return summarise(raw.read_text() if raw.exists() else "", res["requests"], seconds)
 
 
+def perf_split(t: Target, wrk: str, script: Path, seconds: float, tmp: Path) -> dict[str, float]:
+    """Share of the target's CPU samples by binary (``perf record -e cpu-clock``): the Python
+    interpreter, the kernel, uvloop, llhttp, libc... (empty when ``perf`` is missing)."""
+    if shutil.which("perf") is None or t.pid is None:
+        return {}
+    data = tmp / f"perf-{t.name}.data"
+    argv = ["perf", "record", "-e", "cpu-clock", "-F", "2999", "-o", str(data), "-p", str(t.pid)]
+    rec = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.5)
+    wrkbench.run_wrk(wrk, t.port, script, 1, seconds)
+    rec.send_signal(2)
+    rec.wait(60)
+    report = ["perf", "report", "-i", str(data), "--sort", "dso", "--stdio", "-g", "none"]
+    text = subprocess.run(report, capture_output=True, text=True).stdout
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = re.match(r"^\s*([\d.]+)%\s+(\S+)", line)
+        if m and float(m[1]) >= 0.5:
+            out[m[2]] = float(m[1])
+    return out
+
+
 def summarise(text: str, requests: int, seconds: float) -> dict[str, Any]:
+    """Python samples (the loop's own ``run`` line left out) by file and by function, as
+    percentages of the Python samples."""
+    by_file: Counter[str] = Counter()
     leaf: Counter[str] = Counter()
-    owner: Counter[str] = Counter()
-    total = 0
+    total = python = 0
     for line in text.splitlines():
         stack, _, n = line.rpartition(" ")
         if not n.isdigit():
             continue
         count = int(n)
-        frames = stack.split(";")
         total += count
-        leaf[_short(frames[-1])] += count
-        mine = [f for f in frames if "gpupool/" in f and "gpupool/cli/" not in f
-                and "gpupool/__main__" not in f]  # fmt: skip
-        owner[_short(mine[-1]) if mine else "(no gpupool frame: loop, server, I/O)"] += count
-    per_req_us = 1e6 * seconds / max(1, requests)  # wall time per request
+        frame = stack.split(";")[-1]
+        if "asyncio/runners.py" in frame:
+            continue  # C below Python (uvloop, system calls) or waiting to run
+        python += count
+        short = _short(frame)
+        leaf[short] += count
+        by_file[short.rpartition(" (")[2].split(":")[0].rstrip(")")] += count
+
+    def pct(c: Counter[str], n: int) -> list[tuple[str, float]]:
+        return [(k, round(100 * v / max(1, python), 1)) for k, v in c.most_common(n)]
+
     return {
         "samples": total,
+        "python_samples": python,
         "requests": requests,
-        "wall_us_per_request": round(per_req_us, 1),
-        "busy_fraction": round(total / (997 * seconds), 3),
-        "self": [(k, v) for k, v in leaf.most_common(30)],
-        "owner": [(k, v) for k, v in owner.most_common(30)],
+        "python_by_file_percent": pct(by_file, 20),
+        "python_self_percent": pct(leaf, 30),
     }
 
 
@@ -130,7 +163,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--only", default="gpupool,aiohttp-naive,vllm-router")
     p.add_argument("--seconds", type=float, default=5.0)
-    p.add_argument("--baseline", type=Path, default=None, help="A gpupool tree for gpupool-base.")
+    p.add_argument("--baseline", default=None, help="A git revision to run as gpupool-base.")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     pin_self(RIG_CPU)
@@ -144,7 +177,8 @@ def main() -> None:
     targets: list[Target] = []
     out: dict[str, Any] = {}
     try:
-        targets = build(["direct", *args.only.split(",")], port, tmp, tmp, None, args.baseline)
+        base = baseline_tree(args.baseline, tmp) if args.baseline else None
+        targets = build(["direct", *args.only.split(",")], port, tmp, tmp, None, base)
         for t in targets:
             t.start()
         for t in targets:
@@ -156,6 +190,8 @@ def main() -> None:
                 wrkbench.run_wrk(wrk, t.port, script, 1, 1)
                 cpu0 = oncpu_ns(t.pid) if t.pid is not None else 0
                 plain = wrkbench.run_wrk(wrk, t.port, script, 1, args.seconds)
+                # on-CPU time at c=1 is what one request costs end to end, and robust to a
+                # busy machine in a way the latency is not
                 cpu = oncpu_ns(t.pid) - cpu0 if t.pid is not None else 0
                 row: dict[str, Any] = {
                     "p50_us": plain["p50_us"],
@@ -165,6 +201,7 @@ def main() -> None:
                 }
                 if t.pid is not None:
                     row["strace"] = syscalls(t, wrk, script, args.seconds, tmp)
+                    row["perf_dso_percent"] = perf_split(t, wrk, script, args.seconds, tmp)
                     if t.name.startswith(("gpupool", "aiohttp")):
                         row["pyspy"] = pyspy(t, wrk, script, args.seconds, tmp)
             out[t.name] = row

@@ -46,7 +46,7 @@ from rig import (
     pin_self,
     raise_nofile,
 )
-from targets import ALL, PEERS, Target, build
+from targets import ALL, PEERS, Target, baseline_tree, build
 
 RESULTS = BENCH / "results"
 PHASES = ("latency", "stream", "memory", "rate", "admission", "wrk", "real-vllm")
@@ -97,19 +97,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         p.error(f"unknown phase(s) {', '.join(sorted(unknown))} (known: {', '.join(PHASES)})")
     return args
-
-
-def _baseline_tree(rev: str, tmp: Path) -> Path:
-    """This repository at ``rev``, unpacked into ``tmp`` (run with PYTHONPATH pointing at it)."""
-    root = BENCH.parent
-    sha = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", rev], check=True,
-                         capture_output=True, text=True).stdout.strip()  # fmt: skip
-    dest = tmp / f"gpupool-{sha}"
-    dest.mkdir()
-    archive = subprocess.run(["git", "-C", str(root), "archive", sha], check=True,
-                             capture_output=True).stdout  # fmt: skip
-    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
-    return dest
 
 
 def _nice(n: int) -> int:
@@ -301,7 +288,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="gpupool-bench-"))
     res: dict[str, Any] = {"meta": _meta(args, niceness)}
-    args.base_tree = _baseline_tree(args.baseline, tmp) if args.baseline else None
+    args.base_tree = baseline_tree(args.baseline, tmp) if args.baseline else None
     res["meta"]["baseline"] = args.baseline
     busy0 = sum(b for b, _ in cpu_times().values())
     print(f"gpupool bench: logs in {tmp}; results in {args.out}", flush=True)

@@ -7,12 +7,13 @@ the same upstream. Peers live in their own virtual environments under ``bench/.v
 from __future__ import annotations
 
 import secrets
+import subprocess
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
 import yaml
-from rig import GATEWAY_CPU, PY, Proc, ensure_venv, free_port, pip_version
+from rig import GATEWAY_CPU, PY, ROOT, Proc, ensure_venv, free_port, pip_version
 
 MODELS = ("fast", "paced", "idle")
 PEERS = ("vllm-router", "sglang-router", "litellm")
@@ -77,8 +78,9 @@ def _gpupool(
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     argv = [str(PY), "-m", "gpupool", "serve", "--config", str(path)]
-    env = {"PYTHONPATH": str(source)} if source is not None else {}
-    proc = Proc(name, argv, GATEWAY_CPU, tmp / f"{name}.log", env=env)
+    env, cwd = ({"PYTHONPATH": str(source)}, source) if source is not None else ({}, ROOT)
+    # `python -m` puts the working directory first on sys.path: run the baseline from its tree
+    proc = Proc(name, argv, GATEWAY_CPU, tmp / f"{name}.log", env=env, cwd=cwd)
     queue_note = "Redis queue backend" if redis_url else "memory queue backend"
     return Target(
         name,
@@ -174,6 +176,19 @@ def _litellm(upstream: int, tmp: Path, logs: Path) -> Target:
         "/health/liveliness",
         "Python; 1 uvicorn worker; master key; no database",
     )
+
+
+def baseline_tree(rev: str, tmp: Path) -> Path:
+    """This repository at ``rev``, unpacked into ``tmp`` (run with PYTHONPATH pointing at it)."""
+    root = ROOT
+    sha = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", rev], check=True,
+                         capture_output=True, text=True).stdout.strip()  # fmt: skip
+    dest = tmp / f"gpupool-{sha}"
+    dest.mkdir()
+    archive = subprocess.run(["git", "-C", str(root), "archive", sha], check=True,
+                             capture_output=True).stdout  # fmt: skip
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest
 
 
 def build(

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from rig import BENCH, RIG_CPU, Proc, alone, free_port, pin_self, raise_nofile
-from targets import Target, build
+from targets import Target, baseline_tree, build
 from upstream import Canned
 
 WRK_TARGETS = ("gpupool", "gpupool-base", "aiohttp-naive", "vllm-router", "sglang-router")
@@ -277,13 +277,14 @@ def main() -> None:
     p.add_argument("--only", default="gpupool,vllm-router,sglang-router")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seconds", type=float, default=5.0)
-    p.add_argument("--baseline", type=Path, default=None, help="A gpupool tree for gpupool-base.")
+    p.add_argument("--baseline", default=None, help="A git revision to run as gpupool-base.")
     p.add_argument("--json", type=Path, default=None, help="Write the results here.")
     args = p.parse_args()
     pin_self(RIG_CPU)
     raise_nofile()
     tmp = Path(tempfile.mkdtemp(prefix="gpupool-wrk-"))
-    res = phase(args.only.split(","), tmp, args.rounds, args.seconds, args.baseline)
+    base = baseline_tree(args.baseline, tmp) if args.baseline else None
+    res = phase(args.only.split(","), tmp, args.rounds, args.seconds, base)
     print_summary(res)
     if args.json:
         args.json.write_text(json.dumps(res, indent=1))
