@@ -21,7 +21,6 @@ gateway alone on CPU1). For every target, one connection of ``wrk``:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import re
 import shutil
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import wrkbench
-from rig import RIG_CPU, ROOT, pin_self, raise_nofile
+from rig import RIG_CPU, ROOT, nice, oncpu_ns, pin_self, raise_nofile
 from targets import Target, baseline_tree, build
 
 PYSPY = ROOT / ".venv" / "bin" / "py-spy"
@@ -67,15 +66,6 @@ def syscalls(t: Target, wrk: str, script: Path, seconds: float, tmp: Path) -> di
         "total_per_request": round(sum(calls.values()) / n, 2),
         "loop_iterations_per_request": round(loops / n, 2),
     }
-
-
-def oncpu_ns(pid: int) -> int:
-    """Nanoseconds on CPU of every thread of ``pid`` (``/proc/<pid>/task/*/schedstat``)."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError, ValueError):
-            total += int((task / "schedstat").read_text().split()[0])
-    return total
 
 
 def _server_pid(pid: int) -> int:
@@ -168,6 +158,7 @@ def main() -> None:
     args = p.parse_args()
     pin_self(RIG_CPU)
     raise_nofile()
+    nice(-10)
     found = wrkbench.tools()
     if isinstance(found, str):
         raise SystemExit(found)

@@ -377,8 +377,9 @@ def _wrk_lines(w: dict[str, Any]) -> list[str]:
         f"Versions: {versions}.",
         "",
         "| target | c=1 p50 / p99 ms | added p50 ms (range) | added p99 ms (range) "
-        "| added p50 vs vllm-router | c=32 req/s (range) | vs vllm-router | errors |",
-        "|---|---|---|---|---|---|---|---|",
+        "| added p50 vs vllm-router | c=32 req/s (range) | vs vllm-router "
+        "| CPU µs/req c=1 / c=32 (range c=1) | errors |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, v in s.items():
         added = name != "direct"
@@ -391,9 +392,15 @@ def _wrk_lines(w: dict[str, Any]) -> list[str]:
             f"{_f(v['added_p99_ms'], 3) if added else '-'} "
             f"({_spread(v['added_p99_ms_all']) if added else '-'}) | "
             f"{_fmt_ratio(ratio)} | {v['rps_c32']:,.0f} ({_spread(v['rps_c32_all'], 0)}) | "
-            f"{_fmt_ratio(rate)} | {v['errors']} |"
+            f"{_fmt_ratio(rate)} | {_cpu_cell(v)} | {v['errors']} |"
         )
     return lines
+
+
+def _cpu_cell(v: dict[str, Any]) -> str:
+    if "c1_cpu_us" not in v:
+        return "-"
+    return f"{v['c1_cpu_us']:.0f} / {v['c32_cpu_us']:.0f} ({_spread(v['c1_cpu_us_all'], 0)})"
 
 
 def _wrk_section(res: dict[str, Any]) -> list[str]:
