@@ -4,6 +4,8 @@
   connection opening or of its first bytes, or the connection is closed (slowloris). The timer
   is only armed when a head does not arrive in one read, so the usual request costs none.
 - The request head may not exceed ``max_head_bytes``; beyond it: 431 and close.
+- An idle keep-alive connection is closed after uvicorn's ``timeout_keep_alive``, by one timer
+  per connection rather than one armed and cancelled per request.
 Bodies are bounded by size and time in the application (``read_body``).
 
 And one saving on every response: a response with a ``content-length`` (every whole JSON
@@ -38,6 +40,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     _head_timer: asyncio.TimerHandle | None = None
     _head_bytes = 0
     _in_head = False
+    _idle_since: float | None = None  # when the last response completed; None while busy
+    _idle_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -45,7 +49,46 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         super().connection_lost(exc)
+
+    # ---- keep-alive: one timer per connection -----------------------------------------------
+    # uvicorn arms a keep-alive timer when a response completes and cancels it when the next
+    # request's bytes arrive: two timer operations per request. Here one timer per connection
+    # either lapses (a request is in flight) or moves itself to the idle deadline; it closes the
+    # connection once nothing has arrived for ``timeout_keep_alive`` seconds since the last
+    # response, as uvicorn's does.
+
+    def on_response_complete(self) -> None:
+        """uvicorn 0.54's ``on_response_complete``, with the timer above."""
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        self._idle_since = self.loop.time()
+        if self._idle_timer is None:
+            self._idle_timer = self.loop.call_later(self.timeout_keep_alive, self._idle_check)
+
+    def _unset_keepalive_if_required(self) -> None:
+        self._idle_since = None  # bytes arrived, or the connection went: not idle
+        super()._unset_keepalive_if_required()
+
+    def _idle_check(self) -> None:
+        self._idle_timer = None
+        since = self._idle_since
+        if since is None or self.transport.is_closing():
+            return  # busy: the next completed response arms it again
+        due = since + self.timeout_keep_alive
+        if due - self.loop.time() <= 0.001:
+            self.timeout_keep_alive_handler()
+        else:
+            self._idle_timer = self.loop.call_at(due, self._idle_check)
 
     def _arm(self) -> None:
         if self._head_timer is None:
