@@ -37,6 +37,8 @@ from rig import RIG_CPU, ROOT, nice, oncpu_ns, pin_self, raise_nofile
 from targets import Target, baseline_tree, build
 
 PYSPY = ROOT / ".venv" / "bin" / "py-spy"
+# Innermost frames that mean "inside the event loop's C code": asyncio.run, aiohttp's run_app
+_LOOP_RUN = frozenset({"Runner.run", "run_app", "run_until_complete", "run_forever"})
 _ROW = re.compile(r"^\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)\s*$")
 
 
@@ -121,7 +123,7 @@ def summarise(text: str, requests: int, seconds: float) -> dict[str, Any]:
         count = int(n)
         total += count
         frame = stack.split(";")[-1]
-        if "asyncio/runners.py" in frame:
+        if frame.split(" (")[0] in _LOOP_RUN:
             continue  # C below Python (uvloop, system calls) or waiting to run
         python += count
         short = _short(frame)
