@@ -6,7 +6,7 @@ VLLM_VENV := .venv-vllm
 MODELS := .models
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck unit vllm-setup models ops-deps bench clean
+.PHONY: install run test lint typecheck unit vllm-setup models ops-deps bench-deps bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -44,7 +44,12 @@ test: install lint typecheck models ops-deps
 	GPUPOOL_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python GPUPOOL_TINY_MODELS=$(CURDIR)/$(MODELS) \
 		$(BIN)/pytest -q
 
-bench: install
+# wrk and nginx for the bench's wrk phase; without them (no root) that phase reports why and the
+# others run.
+bench-deps:
+	-bash scripts/install_ops_deps.sh bench
+
+bench: install bench-deps
 	$(BIN)/python bench/run.py
 
 clean:

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 PACE_MS = 20.0
-GATEWAYS_ORDER = ("gpupool", "gpupool-redis", "vllm-router", "sglang-router", "litellm")
+GATEWAYS_ORDER = ("gpupool", "gpupool-base", "gpupool-redis", "aiohttp-naive", "vllm-router",
+                  "sglang-router", "litellm")  # fmt: skip
 
 
 def _f(x: float | None, digits: int = 2) -> str:
@@ -359,6 +360,56 @@ def _real_vllm_lines(rv: dict[str, Any]) -> list[str]:
     ]
 
 
+def _spread(xs: list[float], digits: int = 3) -> str:
+    return f"{min(xs):.{digits}f} to {max(xs):.{digits}f}" if xs else "-"
+
+
+def _wrk_lines(w: dict[str, Any]) -> list[str]:
+    if "error" in w:
+        return [f"Not measured: {w['error']}"]
+    s = w["summary"]
+    ref = s.get("vllm-router", {})
+    versions = ", ".join(f"{k} {v}" for k, v in w.get("versions", {}).items() if v)
+    lines = [
+        f"`wrk -t1 --latency`, POST `{w['body']}`; each gateway alone on CPU1, wrk and nginx "
+        f"(answering from memory) on CPU0; {len(next(iter(w['rounds'].values())))} interleaved "
+        f"rounds of {w['seconds']:g} s per figure, medians (range over rounds). "
+        f"Versions: {versions}.",
+        "",
+        "| target | c=1 p50 / p99 ms | added p50 ms (range) | added p99 ms (range) "
+        "| added p50 vs vllm-router | c=32 req/s (range) | vs vllm-router "
+        "| CPU µs/req c=1 / c=32 (range c=1) | errors |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, v in s.items():
+        added = name != "direct"
+        ratio = _ratio(v["added_p50_ms"], ref.get("added_p50_ms")) if added else None
+        rate = _ratio(v["rps_c32"], ref.get("rps_c32")) if added else None
+        lines.append(
+            f"| {name} | {v['p50_ms']:.3f} / {v['p99_ms']:.3f} | "
+            f"{_f(v['added_p50_ms'], 3) if added else '-'} "
+            f"({_spread(v['added_p50_ms_all']) if added else '-'}) | "
+            f"{_f(v['added_p99_ms'], 3) if added else '-'} "
+            f"({_spread(v['added_p99_ms_all']) if added else '-'}) | "
+            f"{_fmt_ratio(ratio)} | {v['rps_c32']:,.0f} ({_spread(v['rps_c32_all'], 0)}) | "
+            f"{_fmt_ratio(rate)} | {_cpu_cell(v)} | {v['errors']} |"
+        )
+    return lines
+
+
+def _cpu_cell(v: dict[str, Any]) -> str:
+    if "c1_cpu_us" not in v:
+        return "-"
+    return f"{v['c1_cpu_us']:.0f} / {v['c32_cpu_us']:.0f} ({_spread(v['c1_cpu_us_all'], 0)})"
+
+
+def _wrk_section(res: dict[str, Any]) -> list[str]:
+    if not res.get("wrk"):
+        return []
+    title = "## Second client: wrk against an nginx upstream (bench/wrkbench.py)"
+    return ["", title, "", *_wrk_lines(res["wrk"])]
+
+
 def markdown(res: dict[str, Any]) -> str:
     an = analyse(res)
     meta = res["meta"]
@@ -417,6 +468,7 @@ def markdown(res: dict[str, Any]) -> str:
             "",
             *_admission_lines(res["admission"]),
         ]
+    out += _wrk_section(res)
     if res.get("real_vllm"):
         out += [
             "",

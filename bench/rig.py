@@ -38,6 +38,14 @@ def pin_self(cpu: int) -> None:
     os.sched_setaffinity(0, {cpu})
 
 
+def nice(n: int) -> int:
+    """Run at niceness ``n`` (children inherit it) where allowed; returns the niceness."""
+    if n:
+        with contextlib.suppress(PermissionError):
+            os.setpriority(os.PRIO_PROCESS, 0, n)
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+
 def raise_nofile(want: int = 65536) -> int:
     import resource
 
@@ -180,6 +188,17 @@ def cpu_seconds(pid: int, whole_tree: bool = True) -> float:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
             total += int(fields[11]) + int(fields[12])
     return total / CLK_TCK
+
+
+def oncpu_ns(pid: int) -> int:
+    """Nanoseconds on CPU of every thread of ``pid`` (``/proc/<pid>/task/*/schedstat``): exact,
+    where ``cpu_seconds`` counts in clock ticks."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                total += int((task / "schedstat").read_text().split()[0])
+    return total
 
 
 def cpu_times() -> dict[int, tuple[float, float]]:

@@ -9,7 +9,11 @@ that every phase interleaves them round by round. Peers are installed into bench
 missing. Writes bench/results/{results.md,results.json,chart.png} (and profile.md with --profile).
 
 Phases: latency (c=1 non-streaming), stream (paced SSE), memory (idle streams), rate (highest
-rate at p99 < 10 ms), admission (bench/bench_admission.py), real-vllm (bench/real_vllm.py).
+rate at p99 < 10 ms), admission (bench/bench_admission.py), wrk (a second client: wrk against an
+nginx upstream, bench/wrkbench.py), real-vllm (bench/real_vllm.py).
+
+``--baseline REV`` adds ``gpupool-base``: gpupool as of commit REV (``git archive``), measured
+interleaved with this checkout by every phase, for before/after figures from one run.
 """
 
 from __future__ import annotations
@@ -42,10 +46,10 @@ from rig import (
     pin_self,
     raise_nofile,
 )
-from targets import ALL, PEERS, Target, build
+from targets import ALL, PEERS, Target, baseline_tree, build
 
 RESULTS = BENCH / "results"
-PHASES = ("latency", "stream", "memory", "rate", "admission", "real-vllm")
+PHASES = ("latency", "stream", "memory", "rate", "admission", "wrk", "real-vllm")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -71,6 +75,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=-10,
         help="Niceness of the rig and gateways (negative needs root; 0 to leave it).",
     )
+    p.add_argument(
+        "--baseline",
+        default=None,
+        help="A git revision of gpupool to measure beside this checkout (as gpupool-base).",
+    )
     p.add_argument("--out", type=Path, default=RESULTS, help="Where results are written.")
     p.add_argument(
         "--render",
@@ -79,6 +88,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = p.parse_args(argv)
     args.targets = ["direct", *[n for n in args.only.split(",") if n and n != "direct"]]
+    if args.baseline and "gpupool-base" not in args.targets:
+        args.targets.append("gpupool-base")
     args.skipped = {s for s in args.skip.split(",") if s}
     if args.skip_real_vllm:
         args.skipped.add("real-vllm")
@@ -246,7 +257,7 @@ def _run_targets(
         if "gpupool-redis" in args.targets or "admission" not in args.skipped:
             redis, redis_url = _start_redis(tmp)
             procs.append(redis)
-        targets = build(args.targets, port, tmp, tmp, redis_url)
+        targets = build(args.targets, port, tmp, tmp, redis_url, args.base_tree)
         names = ", ".join(f"{t.name} {t.version}".strip() for t in targets)
         print(f"starting: {names}", flush=True)
         for t in targets:
@@ -277,6 +288,8 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="gpupool-bench-"))
     res: dict[str, Any] = {"meta": _meta(args, niceness)}
+    args.base_tree = baseline_tree(args.baseline, tmp) if args.baseline else None
+    res["meta"]["baseline"] = args.baseline
     busy0 = sum(b for b, _ in cpu_times().values())
     print(f"gpupool bench: logs in {tmp}; results in {args.out}", flush=True)
     res["meta"]["logs"] = str(tmp)
@@ -289,6 +302,12 @@ def main(argv: list[str] | None = None) -> None:
     busy1 = sum(b for b, _ in cpu_times().values())
     wall = max(1.0, time.monotonic() - began)
     res["meta"]["machine_busy_cores"] = round((busy1 - busy0) / os.sysconf("SC_CLK_TCK") / wall, 2)
+    if _phase("wrk", args):
+        import wrkbench
+
+        rounds, seconds = (2, 2.0) if args.quick else (3, 5.0)
+        res["wrk"] = wrkbench.phase(args.targets, tmp, rounds, seconds, args.base_tree)
+        wrkbench.print_summary(res["wrk"])
     if _phase("real-vllm", args):
         res["real_vllm"] = _real_vllm(tmp, args.quick, niceness)
     res["meta"]["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]

@@ -7,16 +7,17 @@ the same upstream. Peers live in their own virtual environments under ``bench/.v
 from __future__ import annotations
 
 import secrets
+import subprocess
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
 import yaml
-from rig import GATEWAY_CPU, PY, Proc, ensure_venv, free_port, pip_version
+from rig import GATEWAY_CPU, PY, ROOT, Proc, ensure_venv, free_port, pip_version
 
 MODELS = ("fast", "paced", "idle")
 PEERS = ("vllm-router", "sglang-router", "litellm")
-ALL = ("direct", "gpupool", "gpupool-redis", *PEERS)
+ALL = ("direct", "gpupool", "gpupool-base", "gpupool-redis", "aiohttp-naive", *PEERS)
 
 
 @dataclass
@@ -47,7 +48,10 @@ class Target:
             self.proc.stop()
 
 
-def _gpupool(name: str, upstream: int, tmp: Path, redis_url: str | None) -> Target:
+def _gpupool(
+    name: str, upstream: int, tmp: Path, redis_url: str | None, source: Path | None = None
+) -> Target:
+    """gpupool from this checkout, or (``source``) from another tree of it (``--baseline``)."""
     port = free_port()
     queue: dict[str, object] = {"backend": "memory", "max_queued": 100_000}
     if redis_url:
@@ -74,16 +78,27 @@ def _gpupool(name: str, upstream: int, tmp: Path, redis_url: str | None) -> Targ
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     argv = [str(PY), "-m", "gpupool", "serve", "--config", str(path)]
-    proc = Proc(name, argv, GATEWAY_CPU, tmp / f"{name}.log")
+    env, cwd = ({"PYTHONPATH": str(source)}, source) if source is not None else ({}, ROOT)
+    # `python -m` puts the working directory first on sys.path: run the baseline from its tree
+    proc = Proc(name, argv, GATEWAY_CPU, tmp / f"{name}.log", env=env, cwd=cwd)
     queue_note = "Redis queue backend" if redis_url else "memory queue backend"
     return Target(
         name,
         port,
-        metadata.version("gpupool"),
+        metadata.version("gpupool") + ("" if source is None else f" @ {source.name}"),
         proc=proc,
         ready_path="/ready",
         note=f"1 process, uvloop + httptools, {queue_note}",
     )
+
+
+def _naive(upstream: int, tmp: Path) -> Target:
+    port = free_port()
+    argv = [str(PY), str(Path(__file__).with_name("naive_proxy.py")), "--port", str(port),
+            "--upstream", f"http://127.0.0.1:{upstream}"]  # fmt: skip
+    proc = Proc("aiohttp-naive", argv, GATEWAY_CPU, tmp / "aiohttp-naive.log")
+    note = "aiohttp server + client session, forwarding only (bench/naive_proxy.py)"
+    return Target("aiohttp-naive", port, metadata.version("aiohttp"), proc=proc, note=note)
 
 
 def _rust_router(name: str, upstream: int, tmp: Path, logs: Path) -> Target:
@@ -163,17 +178,42 @@ def _litellm(upstream: int, tmp: Path, logs: Path) -> Target:
     )
 
 
+def baseline_tree(rev: str, tmp: Path) -> Path:
+    """This repository at ``rev``, unpacked into ``tmp`` (run with PYTHONPATH pointing at it)."""
+    root = ROOT
+    sha = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", rev], check=True,
+                         capture_output=True, text=True).stdout.strip()  # fmt: skip
+    dest = tmp / f"gpupool-{sha}"
+    dest.mkdir()
+    archive = subprocess.run(["git", "-C", str(root), "archive", sha], check=True,
+                             capture_output=True).stdout  # fmt: skip
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest
+
+
 def build(
-    names: list[str], upstream: int, tmp: Path, logs: Path, redis_url: str | None
+    names: list[str],
+    upstream: int,
+    tmp: Path,
+    logs: Path,
+    redis_url: str | None,
+    baseline: Path | None = None,
 ) -> list[Target]:
+    """``gpupool-base`` is gpupool run from ``baseline`` (a tree of another commit)."""
     out: list[Target] = []
     for name in names:
         if name == "direct":
             out.append(Target("direct", upstream, note="the upstream itself: the physical limit"))
         elif name == "gpupool":
             out.append(_gpupool(name, upstream, tmp, None))
+        elif name == "gpupool-base":
+            if baseline is None:
+                raise SystemExit("gpupool-base needs --baseline REV")
+            out.append(_gpupool(name, upstream, tmp, None, baseline))
         elif name == "gpupool-redis":
             out.append(_gpupool(name, upstream, tmp, redis_url))
+        elif name == "aiohttp-naive":
+            out.append(_naive(upstream, tmp))
         elif name in ("vllm-router", "sglang-router"):
             out.append(_rust_router(name, upstream, tmp, logs))
         elif name == "litellm":

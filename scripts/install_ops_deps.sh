@@ -1,23 +1,47 @@
 #!/usr/bin/env bash
-# Install what tests/test_ops_prometheus.py runs against: Debian's `prometheus` package, which
-# ships both `prometheus` and `promtool`. Idempotent: does nothing when both are on PATH.
+# Install the Debian packages that tests and benchmarks run against. Idempotent: does nothing for
+# a group whose tools are all on PATH.
 #
-#   bash scripts/install_ops_deps.sh
+#   bash scripts/install_ops_deps.sh              # prometheus (tests/test_ops_prometheus.py)
+#   bash scripts/install_ops_deps.sh bench        # wrk and nginx (make bench's wrk phase)
+#   bash scripts/install_ops_deps.sh prometheus bench
 #
-# Needs root (or sudo) and apt. Exits non-zero, saying why, when it cannot install; the test then
-# skips with that reason. Debian's package also registers a service; this script does not start
-# it (the test runs its own Prometheus on a free port).
+# Groups: `prometheus` installs Debian's `prometheus` package (prometheus + promtool); `bench`
+# installs `wrk` (a C load generator) and `nginx` (an upstream answering from memory; the bench
+# runs its own unprivileged nginx on a free port with a generated config).
+#
+# Needs root (or sudo) and apt. Exits non-zero, saying why, when it cannot install; the test or
+# bench phase then skips with that reason. Debian's packages also register services; this script
+# starts none of them (policy-rc.d 101 while installing).
 set -euo pipefail
 
 have() { command -v "$1" >/dev/null 2>&1; }
 
-if have prometheus && have promtool; then
-    echo "install_ops_deps: prometheus and promtool present: $(prometheus --version 2>&1 | head -n1)"
+groups=("$@")
+[ "${#groups[@]}" -eq 0 ] && groups=(prometheus)
+
+packages=()
+tools=()
+for group in "${groups[@]}"; do
+    case "$group" in
+        prometheus) packages+=(prometheus); tools+=(prometheus promtool) ;;
+        bench) packages+=(wrk nginx); tools+=(wrk nginx) ;;
+        *) echo "install_ops_deps: unknown group '$group' (known: prometheus, bench)" >&2; exit 2 ;;
+    esac
+done
+
+PATH="$PATH:/usr/sbin:/sbin"  # nginx lives in /usr/sbin
+missing=()
+for tool in "${tools[@]}"; do
+    have "$tool" || missing+=("$tool")
+done
+if [ "${#missing[@]}" -eq 0 ]; then
+    echo "install_ops_deps: present: ${tools[*]}"
     exit 0
 fi
 
 if ! have apt-get; then
-    echo "install_ops_deps: apt-get not found; install Prometheus (prometheus + promtool) by hand" >&2
+    echo "install_ops_deps: apt-get not found; install ${packages[*]} by hand" >&2
     exit 1
 fi
 
@@ -26,7 +50,7 @@ if [ "$(id -u)" -ne 0 ]; then
     if have sudo && sudo -n true 2>/dev/null; then
         SUDO="sudo -n"
     else
-        echo "install_ops_deps: need root (or passwordless sudo) to apt-get install prometheus" >&2
+        echo "install_ops_deps: need root (or passwordless sudo) to apt-get install ${packages[*]}" >&2
         exit 1
     fi
 fi
@@ -38,8 +62,8 @@ if ! $SUDO apt-get update -q >/tmp/install_ops_deps.log 2>&1; then
     tail -n 20 /tmp/install_ops_deps.log >&2
     exit 1
 fi
-echo "install_ops_deps: apt-get install prometheus"
-# policy-rc.d 101: do not start the packaged service (no init here, or not wanted in CI).
+echo "install_ops_deps: apt-get install ${packages[*]}"
+# policy-rc.d 101: do not start the packaged services (no init here, or not wanted in CI).
 POLICY=/usr/sbin/policy-rc.d
 CREATED_POLICY=0
 if [ ! -e "$POLICY" ]; then
@@ -48,21 +72,21 @@ if [ ! -e "$POLICY" ]; then
     CREATED_POLICY=1
 fi
 status=0
-$SUDO apt-get install -y -q --no-install-recommends prometheus >>/tmp/install_ops_deps.log 2>&1 \
-    || status=$?
+$SUDO apt-get install -y -q --no-install-recommends "${packages[@]}" \
+    >>/tmp/install_ops_deps.log 2>&1 || status=$?
 if [ "$CREATED_POLICY" -eq 1 ]; then
     $SUDO rm -f "$POLICY"
 fi
 if [ "$status" -ne 0 ]; then
-    echo "install_ops_deps: apt-get install prometheus failed (see /tmp/install_ops_deps.log):" >&2
+    echo "install_ops_deps: apt-get install ${packages[*]} failed (see /tmp/install_ops_deps.log):" >&2
     tail -n 20 /tmp/install_ops_deps.log >&2
     exit 1
 fi
 
-for tool in prometheus promtool; do
+for tool in "${tools[@]}"; do
     if ! have "$tool"; then
-        echo "install_ops_deps: the prometheus package installed no \`$tool\` on PATH" >&2
+        echo "install_ops_deps: the packages installed no \`$tool\` on PATH" >&2
         exit 1
     fi
 done
-echo "install_ops_deps: installed $(prometheus --version 2>&1 | head -n1)"
+echo "install_ops_deps: installed ${packages[*]}"

@@ -477,3 +477,26 @@ def test_works_on_uvloop() -> None:
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(scenario())
+
+
+async def test_read_timeout_runs_from_each_request_on_a_reused_connection() -> None:
+    """The read timer outlives a request on a kept-alive connection; the next request's deadline
+    is still its own start plus the timeout, neither earlier nor never."""
+    pool = Http1Pool(read_timeout_s=0.3)
+
+    async def first_then_silent(w: Worker, reader: Reader, writer: Writer) -> None:
+        await w.request(reader)
+        writer.write(ok(b'"first"'))
+        await w.request(reader)
+        await w.wait_gone(reader)
+
+    async with Worker(first_then_silent) as w:
+        assert await (await pool.open("POST", w.url, b"{}", {})).read() == b'"first"'
+        await asyncio.sleep(0.2)  # the first request's timer is now due in about 0.1 s
+        started = time.monotonic()
+        with pytest.raises(UpstreamFailure) as e:
+            await pool.open("POST", w.url, b"{}", {})
+        assert time.monotonic() - started >= 0.29  # not the first request's deadline
+        assert facts(e.value) == ("worker timed out", True, False)
+        assert w.connections == 1  # it was the reused connection that timed out
+    await pool.close()

@@ -50,6 +50,9 @@ def run_server(cfg: GpupoolConfig, config_path: str) -> None:
         # X-Forwarded-For only matters to the access log's client address; without that log,
         # uvicorn's proxy-headers middleware would be one more layer on every request.
         proxy_headers=cfg.server.access_log,
+        # No `server: uvicorn` on every response: one header less to check and write, and
+        # nothing that names the server software to a client.
+        server_header=False,
         log_config=None,
         lifespan="on",
         timeout_graceful_shutdown=int(cfg.server.shutdown_grace_s),

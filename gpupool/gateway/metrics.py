@@ -7,31 +7,101 @@ so gateway and worker histograms line up on one dashboard.
 from __future__ import annotations
 
 import contextlib
-from typing import Generic, TypeVar
+from bisect import bisect_left
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-M = TypeVar("M", Counter, Histogram)
+
+class _Tally:
+    """A float without a lock, in place of ``prometheus_client``'s ``MutexValue``.
+
+    Every hot series is written on the event loop's thread only; a scrape reads a float, which
+    the GIL keeps whole. The lock cost more than the addition it guarded.
+    """
+
+    __slots__ = ("_exemplar", "_value")
+
+    def __init__(self, value: float) -> None:
+        self._value = value
+        self._exemplar: object = None
+
+    def inc(self, amount: float = 1.0) -> None:
+        self._value += amount
+
+    def set(self, value: float, timestamp: float | None = None) -> None:
+        self._value = value
+
+    def set_exemplar(self, exemplar: object) -> None:
+        self._exemplar = exemplar
+
+    def get(self) -> float:
+        return self._value
+
+    def get_exemplar(self) -> object:
+        return self._exemplar
 
 
-class Hot(Generic[M]):
-    """A counter or histogram touched on every request: its labelled children are kept.
+class HotCounter:
+    """A labelled counter touched on every request: ``labels(...).inc(n)``, nothing more.
 
-    ``prometheus_client``'s ``labels()`` validates and locks on every call; the label sets of a
-    pool are few and fixed, and these families never drop a child, so a dict lookup does.
+    ``prometheus_client``'s ``labels()`` validates and locks on every call, and its ``inc()``
+    checks and locks again; the label sets of a pool are few and fixed and these families never
+    drop a child, so the child's value is kept here behind a dict lookup and added to directly.
     """
 
     __slots__ = ("_children", "family")
 
-    def __init__(self, family: M) -> None:
-        self.family: M = family
-        self._children: dict[tuple[str, ...], M] = {}
+    def __init__(self, family: Counter) -> None:
+        self.family = family
+        self._children: dict[tuple[str, ...], _Tally] = {}
 
-    def labels(self, *values: str) -> M:
+    def labels(self, *values: str) -> _Tally:
+        tally = self._children.get(values)
+        if tally is None:
+            tally = self._children[values] = _unlocked(self.family.labels(*values), "_value")
+        return tally
+
+
+class _HotChild:
+    """One histogram child's buckets and sum, observed without locks or per-call checks."""
+
+    __slots__ = ("_bounds", "_buckets", "_sum")
+
+    def __init__(self, child: Histogram) -> None:
+        self._sum = _unlocked(child, "_sum")
+        self._bounds: list[float] = child._upper_bounds
+        self._buckets: list[_Tally] = [_Tally(b.get()) for b in child._buckets]
+        child._buckets = self._buckets
+
+    def observe(self, amount: float) -> None:
+        self._sum._value += amount
+        self._buckets[bisect_left(self._bounds, amount)]._value += 1
+
+
+class HotHistogram:
+    """A labelled histogram touched on every request: ``labels(...).observe(x)``."""
+
+    __slots__ = ("_children", "family")
+
+    def __init__(self, family: Histogram) -> None:
+        self.family = family
+        self._children: dict[tuple[str, ...], _HotChild] = {}
+
+    def labels(self, *values: str) -> _HotChild:
         child = self._children.get(values)
         if child is None:
-            child = self._children[values] = self.family.labels(*values)
+            child = self._children[values] = _HotChild(self.family.labels(*values))
         return child
+
+
+def _unlocked(child: Counter | Histogram, attr: str) -> _Tally:
+    """Swap the child's locked value ``attr`` for a :class:`_Tally` (same reads for a scrape).
+
+    Fails loudly (AttributeError) if ``prometheus_client`` renames it: see
+    tests/test_metrics_hot.py."""
+    tally = _Tally(getattr(child, attr).get())
+    setattr(child, attr, tally)
+    return tally
 
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
@@ -49,23 +119,23 @@ class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
         mw = ["model", "worker"]
-        self.requests = Hot(Counter(
+        self.requests = HotCounter(Counter(
             "gpupool_requests", "Requests answered, by status.", [*mw, "status"], registry=r,
         ))  # fmt: skip
         self.errors = Counter("gpupool_errors", "Errors by cause.", [*mw, "cause"], registry=r)
-        self.latency = Hot(Histogram(
+        self.latency = HotHistogram(Histogram(
             "gpupool_request_duration_seconds", "End-to-end request time at the gateway.",
             mw, buckets=LATENCY_BUCKETS, registry=r,
         ))  # fmt: skip
-        self.ttft = Hot(Histogram(
+        self.ttft = HotHistogram(Histogram(
             "gpupool_time_to_first_token_seconds", "Time to the first streamed byte.",
             mw, buckets=TTFT_BUCKETS, registry=r,
         ))  # fmt: skip
-        self.itl = Hot(Histogram(
+        self.itl = HotHistogram(Histogram(
             "gpupool_inter_chunk_seconds", "Gap between streamed chunks.",
             mw, buckets=ITL_BUCKETS, registry=r,
         ))  # fmt: skip
-        self.tokens = Hot(Counter(
+        self.tokens = HotCounter(Counter(
             "gpupool_tokens", "Tokens from usage, by kind (prompt|completion).",
             [*mw, "kind"], registry=r,
         ))  # fmt: skip
@@ -85,11 +155,11 @@ class Metrics:
             mw, registry=r,
         )  # fmt: skip
         self.queue_depth = Gauge("gpupool_queue_depth", "Requests waiting.", ["model"], registry=r)
-        self.queue_wait = Hot(Histogram(
+        self.queue_wait = HotHistogram(Histogram(
             "gpupool_queue_wait_seconds", "Time spent waiting for a slot.", ["model"],
             buckets=WAIT_BUCKETS, registry=r,
         ))  # fmt: skip
-        self.admission = Hot(Counter(
+        self.admission = HotCounter(Counter(
             "gpupool_admission_decisions", "Admission outcomes (immediate|queued|rejected).",
             ["model", "decision", "reason"], registry=r,
         ))  # fmt: skip

@@ -4,11 +4,15 @@
   connection opening or of its first bytes, or the connection is closed (slowloris). The timer
   is only armed when a head does not arrive in one read, so the usual request costs none.
 - The request head may not exceed ``max_head_bytes``; beyond it: 431 and close.
+- An idle keep-alive connection is closed after uvicorn's ``timeout_keep_alive``, by one timer
+  per connection rather than one armed and cancelled per request.
 Bodies are bounded by size and time in the application (``read_body``).
 
 And one saving on every response: a response with a ``content-length`` (every whole JSON
 reply) goes out in one write, head and body together, instead of uvicorn's two (one system call
-and one TCP segment less per request; see :class:`CoalescingCycle`).
+and one TCP segment less per request; see :class:`CoalescingCycle`). The usual such response
+(sent whole, no hop-by-hop headers) is framed here in one pass, with uvicorn's header checks;
+anything else goes through uvicorn's own ``send``.
 """
 
 from __future__ import annotations
@@ -17,7 +21,13 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import (
+    HEADER_RE,
+    HEADER_VALUE_RE,
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 
 class HeadTooLarge(Exception):
@@ -30,6 +40,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     _head_timer: asyncio.TimerHandle | None = None
     _head_bytes = 0
     _in_head = False
+    _idle_since: float | None = None  # when the last response completed; None while busy
+    _idle_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -37,7 +49,46 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         super().connection_lost(exc)
+
+    # ---- keep-alive: one timer per connection -----------------------------------------------
+    # uvicorn arms a keep-alive timer when a response completes and cancels it when the next
+    # request's bytes arrive: two timer operations per request. Here one timer per connection
+    # either lapses (a request is in flight) or moves itself to the idle deadline; it closes the
+    # connection once nothing has arrived for ``timeout_keep_alive`` seconds since the last
+    # response, as uvicorn's does.
+
+    def on_response_complete(self) -> None:
+        """uvicorn 0.54's ``on_response_complete``, with the timer above."""
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        self._idle_since = self.loop.time()
+        if self._idle_timer is None:
+            self._idle_timer = self.loop.call_later(self.timeout_keep_alive, self._idle_check)
+
+    def _unset_keepalive_if_required(self) -> None:
+        self._idle_since = None  # bytes arrived, or the connection went: not idle
+        super()._unset_keepalive_if_required()
+
+    def _idle_check(self) -> None:
+        self._idle_timer = None
+        since = self._idle_since
+        if since is None or self.transport.is_closing():
+            return  # busy: the next completed response arms it again
+        due = since + self.timeout_keep_alive
+        if due - self.loop.time() <= 0.001:
+            self.timeout_keep_alive_handler()
+        else:
+            self._idle_timer = self.loop.call_at(due, self._idle_check)
 
     def _arm(self) -> None:
         if self._head_timer is None:
@@ -69,22 +120,23 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._in_head:  # a head split across reads: from now on it has a deadline
             self._arm()
 
-    def _count(self, n: int) -> None:
-        self._head_bytes += n
+    # The head's size is counted inline (no helper call per header: a client sends a dozen).
+    def on_url(self, url: bytes) -> None:
+        self._head_bytes += len(url)
         if self._head_bytes > self.max_head_bytes:
             raise HeadTooLarge
-
-    def on_url(self, url: bytes) -> None:
-        self._count(len(url))
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._count(len(name) + len(value) + 4)
+        self._head_bytes += len(name) + len(value) + 4
+        if self._head_bytes > self.max_head_bytes:
+            raise HeadTooLarge
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         self._in_head = False
-        self._disarm()
+        if self._head_timer is not None:
+            self._disarm()
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and type(cycle) is RequestResponseCycle:
@@ -159,18 +211,71 @@ class CoalescingCycle(RequestResponseCycle):
             self._on_disconnect = callback
 
     async def send(self, message: Any) -> None:
-        if (
-            message["type"] == "http.response.start"
-            and not self.response_started
-            and any(k.lower() == b"content-length" for k, _ in message.get("headers", ()))
-        ):
+        kind = message["type"]
+        if kind == "http.response.start" and not self.response_started and _sized(message):
             self._held = message
             return
         held = self._held
-        if held is None or message["type"] != "http.response.body":
+        if held is None or kind != "http.response.body":
             await super().send(message)
             return
         self._held = None
+        if not message.get("more_body", False) and self._plain():
+            data = self._whole(held, message.get("body", b""))
+            if data is not None:
+                self._finish(data)
+                return
+        await self._coalesced(held, message)
+
+    def _plain(self) -> bool:
+        """Nothing that uvicorn's own send handles specially: no access log line, no HEAD, no
+        paused writes, a client still there."""
+        return not (
+            self.access_log
+            or self.flow.write_paused
+            or self.disconnected
+            or self.scope["method"] == "HEAD"
+        )
+
+    def _whole(self, start: Any, body: bytes) -> bytes | None:
+        """Head and body as one buffer, with uvicorn's header checks; ``None`` for anything
+        uvicorn's send must handle (bad headers, framing or connection headers, a body whose
+        length is not the declared one, a status without a body)."""
+        status = start["status"]
+        if status < 200 or status == 204 or status == 304:
+            return None
+        content = [STATUS_LINE[status]]
+        length = -1
+        for name, value in (*self.default_headers, *start.get("headers", ())):
+            if HEADER_RE.search(name) or HEADER_VALUE_RE.search(value):
+                return None  # uvicorn raises, as it should
+            name = name.lower()
+            if name == b"content-length":
+                if length < 0:
+                    length = int(value) if value.isdigit() else -2
+            elif name == b"transfer-encoding" or name == b"connection":
+                return None
+            content += (name, b": ", value, b"\r\n")
+        if length != len(body):
+            return None
+        if not self.keep_alive:
+            content.append(b"connection: close\r\n")
+        content += (b"\r\n", body)
+        return b"".join(content)
+
+    def _finish(self, data: bytes) -> None:
+        """What uvicorn's send does for a start and a final body message, in one write."""
+        self.response_started = True
+        self.waiting_for_100_continue = False
+        self.transport.write(data)
+        self.response_complete = True
+        self.message_event.set()
+        if not self.keep_alive:
+            self.transport.close()
+        self.on_response()
+
+    async def _coalesced(self, held: Any, message: Any) -> None:
+        """uvicorn's send for both messages, its two writes caught and sent as one."""
         transport, buffered = self.transport, _Buffered()
         self.transport = buffered  # type: ignore[assignment]
         try:
@@ -182,6 +287,13 @@ class CoalescingCycle(RequestResponseCycle):
                 transport.write(b"".join(buffered.parts))
             if buffered.closed:
                 transport.close()
+
+
+def _sized(message: Any) -> bool:
+    for name, _ in message.get("headers", ()):
+        if name == b"content-length" or name.lower() == b"content-length":
+            return True
+    return False
 
 
 def guarded_protocol(head_timeout_s: float, max_head_bytes: int) -> type[HttpToolsProtocol]:

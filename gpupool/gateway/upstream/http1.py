@@ -26,6 +26,7 @@ import contextlib
 import functools
 import socket
 import ssl
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import cast
@@ -140,7 +141,9 @@ class _Conn(asyncio.Protocol):
     The parser calls back into this object; body chunks are buffered here and handed to the
     :class:`Http1Response` in one piece per wake-up, so a fast stream costs one future per
     batch rather than a queue item per chunk. The read timeout is checked lazily: one timer per
-    request that, when it fires, reschedules itself to the last byte's time plus the timeout.
+    connection, armed by the first request and left running across requests; when it fires it
+    reschedules itself to the last byte's time plus the timeout while a response is awaited, and
+    lapses once none is (so a request on a kept-alive connection arms and cancels nothing).
     """
 
     __slots__ = (
@@ -223,7 +226,9 @@ class _Conn(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._keep = False
         self._origin.forget(self)
-        if self.state == _HEAD:
+        if self.state != _HEAD and self.state != _BODY:
+            self._stop_timer()
+        elif self.state == _HEAD:
             self.fail(_Stale() if self.reused and not self.got_bytes else _died())
         elif self.state == _BODY:
             if exc is None and not self._framed:
@@ -280,7 +285,10 @@ class _Conn(asyncio.Protocol):
     # ---- used by the pool and the response ------------------------------------------------
 
     def send(self, data: bytes, head_only: bool) -> None:
-        """Start one exchange: reset the response state, arm the read timer, write the request."""
+        """Start one exchange: reset the response state, write the request.
+
+        The read deadline runs from now: a timer left from an earlier request fires first and
+        moves itself to the deadline (see :meth:`_check_timeout`)."""
         self.state = _HEAD
         self.status = 0
         self.headers = []
@@ -291,7 +299,8 @@ class _Conn(asyncio.Protocol):
         self._head_only = head_only
         self._limit = _PAUSE_AT
         now = self._last_read = self._loop.time()
-        self._timer = self._loop.call_at(now + self._read_timeout_s, self._check_timeout)
+        if self._timer is None:
+            self._timer = self._loop.call_at(now + self._read_timeout_s, self._check_timeout)
         self.transport.write(data)
 
     async def wait(self) -> None:
@@ -327,7 +336,7 @@ class _Conn(asyncio.Protocol):
     def to_idle(self) -> None:
         self.state = _IDLE
         self._chunks.clear()
-        self.idle_since = self._loop.time()
+        self.idle_since = time.monotonic()
 
     def fail(self, exc: BaseException) -> None:
         """End the response in flight (if any) with ``exc`` and drop the connection."""
@@ -350,9 +359,8 @@ class _Conn(asyncio.Protocol):
     # ---- internals ------------------------------------------------------------------------
 
     def _complete(self, keep: bool) -> None:
-        self.state = _DONE
+        self.state = _DONE  # the read timer stays: it lapses by itself, or serves the next request
         self._keep = keep
-        self._stop_timer()
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -504,19 +512,20 @@ class Http1Pool:
             self._origins[key] = origin
         data = _request(method, target, origin.authority, headers, body)
         head_only = method == "HEAD"
-        loop = asyncio.get_running_loop()
-        conn = origin.take(loop.time())
+        # time.monotonic(), not the loop's time: asyncio.get_running_loop() costs a getpid()
+        # system call, and a reused connection needs no loop here.
+        conn = origin.take(time.monotonic())
         if conn is not None:
             try:
                 return await self._exchange(origin, conn, data, head_only)
             except _Stale:
                 pass  # the worker closed it while idle; the request may have crossed that close
             try:
-                conn = await self._connect(loop, origin)
+                conn = await self._connect(origin)
             except UpstreamFailure:
                 raise _died() from None  # the first attempt may have reached a now dead worker
         else:
-            conn = await self._connect(loop, origin)
+            conn = await self._connect(origin)
         return await self._exchange(origin, conn, data, head_only)
 
     def abort(self, url: str) -> None:
@@ -552,7 +561,8 @@ class Http1Pool:
             raise conn.exc or _died()
         return Http1Response(conn, origin)
 
-    async def _connect(self, loop: asyncio.AbstractEventLoop, origin: _Origin) -> _Conn:
+    async def _connect(self, origin: _Origin) -> _Conn:
+        loop = asyncio.get_running_loop()
         factory = functools.partial(_Conn, origin, loop, self._read_timeout_s)
         try:
             async with asyncio.timeout(self._connect_timeout_s):

@@ -1,0 +1,65 @@
+"""The per-request metrics (``HotCounter``/``HotHistogram``) as a scrape shows them.
+
+They write into ``prometheus_client``'s children without its locks; these tests read the
+exposition a Prometheus server would scrape, and fail loudly if ``prometheus_client`` changes the
+internals that the lock-free values replace.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpupool.gateway.metrics import Metrics
+
+
+def _samples(m: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(m.exposition().decode()):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_counters_add_up_in_the_scrape() -> None:
+    m = Metrics()
+    m.requests.labels("chat", "w1", "200").inc()
+    m.requests.labels("chat", "w1", "200").inc()
+    m.requests.labels("chat", "w1", "429").inc()
+    m.tokens.labels("chat", "w1", "completion").inc(64)
+    got = _samples(m)
+    ok = (("model", "chat"), ("status", "200"), ("worker", "w1"))
+    assert got[("gpupool_requests_total", ok)] == 2.0
+    assert got[("gpupool_requests_total", (*ok[:1], ("status", "429"), ok[2]))] == 1.0
+    kind = (("kind", "completion"), ("model", "chat"), ("worker", "w1"))
+    assert got[("gpupool_tokens_total", kind)] == 64.0
+
+
+def test_histograms_fill_the_right_buckets() -> None:
+    m = Metrics()
+    h = m.latency.labels("chat", "w1")
+    for seconds in (0.004, 0.05, 0.3, 3.0, 9000.0):
+        h.observe(seconds)
+    got = _samples(m)
+    labels = (("model", "chat"), ("worker", "w1"))
+
+    def bucket(le: str) -> float:
+        return got[("gpupool_request_duration_seconds_bucket", (("le", le), *labels))]
+
+    # le is inclusive: 0.05 lands in the 0.05 bucket, as prometheus_client's own observe() does
+    edges = ("0.01", "0.05", "0.1", "0.3", "2.5", "5.0", "7680.0", "+Inf")
+    assert [bucket(le) for le in edges] == [1.0, 2.0, 2.0, 3.0, 3.0, 4.0, 4.0, 5.0]
+    assert got[("gpupool_request_duration_seconds_count", labels)] == 5.0
+    assert abs(got[("gpupool_request_duration_seconds_sum", labels)] - 9003.354) < 1e-9
+
+
+def test_the_lock_free_values_are_the_ones_scraped() -> None:
+    """Guards the shortcut: the child prometheus_client exposes holds our value objects."""
+    m = Metrics()
+    tally = m.admission.labels("chat", "immediate", "")
+    child = m.admission.family.labels("chat", "immediate", "")
+    assert isinstance(child, Counter) and child._value is tally
+    hist = m.queue_wait.labels("chat")
+    hchild = m.queue_wait.family.labels("chat")
+    assert isinstance(hchild, Histogram) and hchild._sum is hist._sum
+    assert hchild._buckets is hist._buckets
