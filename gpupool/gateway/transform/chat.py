@@ -59,9 +59,18 @@ class TransformOptions:
         *,
         count_tokens: CountTokens | None = None,
         template_defaults: Mapping[str, Any] | None = None,
+        worker_parser: str | None = None,
     ) -> TransformOptions:
-        """``template_defaults``: the worker's ``--default-chat-template-kwargs``, if known."""
+        """``template_defaults``: the worker's ``--default-chat-template-kwargs``, if known.
+
+        The gateway splits only when the model has a parser, the worker has none
+        (``worker_parser``, see ``command.worker_reasoning_parser``) and the request carries no
+        grammar (:func:`has_grammar`): a worker enforcing a grammar from the first token never
+        writes ``<think>``, so its whole output is content.
+        """
         parser = None if model_cfg.reasoning is ParserName.none else model_cfg.reasoning.value
+        if worker_parser is not None or has_grammar(body):
+            parser = None
         enable = _enable_thinking(body, template_defaults or {})
         start = enable
         if parser is not None and not get_parser(parser).uses_enable_thinking:
@@ -91,10 +100,41 @@ class TransformOptions:
             return REASONING_KEYS
         return (self.field.value,)
 
+    def for_worker(self, worker_parser: str | None) -> TransformOptions:
+        """These options for a worker that runs ``worker_parser`` itself: never split again
+        (renaming and ``include_reasoning`` still apply)."""
+        if worker_parser is None or self.parser is None:
+            return self
+        return dataclasses.replace(self, parser=None)
+
     def new_parser(self) -> ReasoningParser | None:
         if self.parser is None:
             return None
         return get_parser(self.parser)(start_in_reasoning=self.start_in_reasoning)
+
+
+_GUIDED_KEYS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+_GRAMMAR_FORMATS = ("json_object", "json_schema", "structural_tag")
+_STRUCTURED_KEYS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+def has_grammar(body: Mapping[str, Any]) -> bool:
+    """Whether a chat, completion or responses request constrains its output with a grammar:
+    ``response_format`` (or the Responses API's ``text.format``) of a JSON type, vLLM's
+    ``structured_outputs``, or its older ``guided_*`` fields."""
+    if _is_grammar_format(body.get("response_format")):
+        return True
+    text = body.get("text")
+    if isinstance(text, dict) and _is_grammar_format(text.get("format")):
+        return True
+    so = body.get("structured_outputs")
+    if isinstance(so, dict) and any(so.get(k) not in (None, False) for k in _STRUCTURED_KEYS):
+        return True
+    return any(body.get(k) is not None for k in _GUIDED_KEYS)
+
+
+def _is_grammar_format(fmt: Any) -> bool:
+    return isinstance(fmt, dict) and fmt.get("type") in _GRAMMAR_FORMATS
 
 
 def _enable_thinking(body: Mapping[str, Any], defaults: Mapping[str, Any]) -> bool:
