@@ -183,6 +183,19 @@ def transform_chat_response(body: Json, opts: TransformOptions) -> Json:
     return out
 
 
+def chat_reasoning_texts(body: Json, opts: TransformOptions) -> list[str]:
+    """Each choice's reasoning in a worker's ``chat.completion`` body (split out by the worker,
+    or by ``opts``' parser), whatever ``include_reasoning`` drops: vLLM counts
+    ``reasoning_tokens`` either way."""
+    texts: list[str] = []
+    for choice in body.get("choices") or []:
+        msg = choice.get("message") if isinstance(choice, dict) else None
+        parts = _message_parts(msg, opts) if isinstance(msg, dict) else None
+        if parts is not None and parts[0]:
+            texts.append(parts[0])
+    return texts
+
+
 def _transform_choice(choice: Any, opts: TransformOptions, texts: list[str]) -> Any:
     msg = choice.get("message") if isinstance(choice, dict) else None
     if not isinstance(msg, dict):
