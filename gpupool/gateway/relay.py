@@ -26,10 +26,12 @@ from gpupool.gateway.tokens import tokenize_count
 from gpupool.gateway.transform.chat import (
     ChatStreamTransformer,
     TransformOptions,
+    chat_reasoning_texts,
     transform_chat_response,
 )
 from gpupool.gateway.transform.sse import frame, iter_events
 from gpupool.gateway.upstream.client import UpstreamFailure, UpstreamResponse
+from gpupool.workers.supervisor.command import worker_reasoning_parser
 
 if TYPE_CHECKING:
     from gpupool.gateway.proxy import Attempt, Context, Proxy
@@ -89,6 +91,7 @@ class Relay:
 
     async def whole(self, plan: StreamPlan, lease: Lease) -> Reply:
         resp, lease, data = await self.proxy.dispatch(plan.attempt, lease, plan.ctx)
+        plan.transform = self._worker_transform(plan, lease)
         try:
             if data is None:
                 data = await resp.read()
@@ -105,6 +108,14 @@ class Relay:
         reply = Reply(resp.status, self._headers(resp, lease), data)
         reply.after = functools.partial(self._account, plan, lease, resp.status, untouched)
         return reply
+
+    def _worker_transform(self, plan: StreamPlan, lease: Lease) -> TransformOptions | None:
+        """A worker that runs vLLM's reasoning parser itself is never split again."""
+        wc = next((w for w in self.proxy.cfg.workers if w.name == lease.worker), None)
+        if plan.transform is None or wc is None:
+            return plan.transform
+        opts = plan.transform.for_worker(worker_reasoning_parser(wc, plan.attempt.model))
+        return opts if opts.needs_transform else None
 
     async def _account(
         self, plan: StreamPlan, lease: Lease, status: int, untouched: bytes | None
@@ -129,20 +140,9 @@ class Relay:
             return data
         self._usage(plan, lease, obj.get("usage"))
         out = transform_chat_response(obj, opts)
-        if opts.parser is not None:
-            await self._count_reasoning(out, opts, lease)
+        if opts.parser is not None:  # the gateway split, so vLLM could not count
+            await self._add_reasoning_tokens(out, chat_reasoning_texts(obj, opts), lease)
         return orjson.dumps(out)
-
-    async def _count_reasoning(
-        self, body: dict[str, Any], opts: TransformOptions, lease: Lease
-    ) -> None:
-        """The gateway split the text, so vLLM could not count: ask the worker's tokenizer."""
-        texts = [
-            c["message"].get(opts.keys[0]) or ""
-            for c in body.get("choices", [])
-            if isinstance(c, dict) and isinstance(c.get("message"), dict)
-        ]
-        await self._add_reasoning_tokens(body, texts, lease)
 
     async def _add_reasoning_tokens(
         self, obj: dict[str, Any], texts: list[str], lease: Lease
@@ -151,7 +151,7 @@ class Relay:
         chunk from the worker's ``/tokenize`` of ``texts``; left alone when the worker counted
         token ids itself, when there is no reasoning, or when the worker cannot count."""
         usage = obj.get("usage")
-        if not isinstance(usage, dict) or not any(texts):
+        if not isinstance(usage, dict):
             return
         details = usage.get("completion_tokens_details")
         if isinstance(details, dict) and isinstance(details.get("reasoning_tokens"), int):
@@ -222,6 +222,7 @@ class Relay:
     ) -> AsyncIterator[bytes]:
         model, worker = plan.attempt.model.name, lease.worker
         ttft, itl = self.metrics.ttft.labels(model, worker), self.metrics.itl.labels(model, worker)
+        plan.transform = self._worker_transform(plan, lease)
         transformer = ChatStreamTransformer(plan.transform) if plan.transform else None
         buf = bytearray()
         last, tail, status = 0.0, b"", "200"

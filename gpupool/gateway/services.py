@@ -193,7 +193,7 @@ def build_services(
     supervisor = Supervisor(
         registry, launched, cfg.server, client.session, gpu_cache_keys=cache_keys,
         health_interval_s=cfg.routing.health_interval_s, fail_threshold=cfg.routing.fail_threshold,
-        health_timeout_s=cfg.routing.health_timeout_s,
+        health_timeout_s=cfg.routing.health_timeout_s, models=cfg.models,
     )  # fmt: skip
     redis_url = cfg.queue.redis_url if cfg.queue.backend is QueueBackend.redis else None
     key_limits = KeyLimits(redis_url, cfg.queue.redis_prefix)
