@@ -15,6 +15,7 @@ from gpupool.config.models import ModelConfig, ReasoningField, ReasoningParser
 from gpupool.gateway.transform.chat import (
     ChatStreamTransformer,
     TransformOptions,
+    chat_reasoning_texts,
     normalize_request_messages,
     transform_chat_response,
 )
@@ -533,3 +534,64 @@ def test_iter_events_any_read_boundaries(objs: list[Json], cuts: list[int], crlf
     assert items[0] == b": ping" and items[-1] == b"[DONE]"
     assert [orjson.loads(i) for i in items[1:-1]] == objs
     assert buf == bytearray()
+
+
+# ---- grammar and worker-side parsers (issue 12) --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"response_format": {"type": "json_object"}},
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+        {"structured_outputs": {"regex": "a+"}},
+        {"structured_outputs": {"json": {"type": "object"}}},
+        {"guided_json": {"type": "object"}},
+        {"guided_choice": ["a", "b"]},
+        {"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}},  # Responses
+    ],
+)
+def test_grammar_request_is_not_split(extra: Json) -> None:
+    opts = TransformOptions.from_request(model(reasoning=ReasoningParser.qwen3), extra)
+    assert opts.parser is None
+    body = completion({"content": '{"a": 1}', "reasoning": None})
+    assert transform_chat_response(body, opts)["choices"][0]["message"]["content"] == '{"a": 1}'
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"response_format": {"type": "text"}},
+        {"response_format": None},
+        {"structured_outputs": {"disable_any_whitespace": True}},
+        {"text": {"format": {"type": "text"}}},
+    ],
+)
+def test_no_grammar_keeps_the_split(extra: Json) -> None:
+    opts = TransformOptions.from_request(model(reasoning=ReasoningParser.qwen3), extra)
+    assert opts.parser == "qwen3"
+
+
+def test_worker_with_parser_is_never_split_again() -> None:
+    base = TransformOptions.from_request(model(reasoning=ReasoningParser.qwen3), {})
+    opts = base.for_worker("qwen3")
+    assert opts.parser is None and not opts.needs_transform
+    assert base.for_worker(None) is base
+    same = TransformOptions.from_request(model(reasoning=ReasoningParser.qwen3), {},
+                                         worker_parser="qwen3")  # fmt: skip
+    assert same.parser is None
+    # the worker split nothing out (thinking off): its content stays content
+    t = ChatStreamTransformer(opts)
+    c = chunk(content="plain answer")
+    assert t.feed(c) == [c]
+
+
+def test_reasoning_texts_counted_whatever_include_reasoning_drops() -> None:
+    opts = TransformOptions(parser="qwen3", include_reasoning=False)
+    body = completion({"content": "r1</think>a"}, {"content": "no end"})
+    assert chat_reasoning_texts(body, opts) == ["r1", "no end"]
+    out = transform_chat_response(body, opts)
+    assert [c["message"]["reasoning"] for c in out["choices"]] == [None, None]
+    worker_split = completion({"content": "a", "reasoning": "r"})
+    assert chat_reasoning_texts(worker_split, TransformOptions()) == ["r"]

@@ -43,6 +43,9 @@ _RESPONSE_EVENTS = ("response.created", "response.in_progress", "response.comple
                     "response.incomplete", "response.failed")  # fmt: skip
 
 
+_REWRITTEN = ("response.content_part.done", "response.output_item.done")
+
+
 def _reasoning_item(text: str | None, item_id: str, status: str | None) -> Json:
     content = [] if text is None else [{"text": text, "type": "reasoning_text"}]
     return {"id": item_id, "summary": [], "type": "reasoning", "content": content,
@@ -163,6 +166,7 @@ class ResponsesStreamTransformer:
         self._worker_splits = False
         self.reasoning: list[str] = []  # every reasoning text split out, for counting
         self._ids: list[str] = []  # reasoning item ids announced, in order
+        self._closed: int | None = None  # upstream index of the message just written again
 
     @property
     def splitting(self) -> bool:
@@ -195,6 +199,8 @@ class ResponsesStreamTransformer:
         msg = self._msg
         if msg is not None and obj.get("output_index") == msg.index:
             return self._message_event(event_type, obj, msg)
+        if event_type in _REWRITTEN and obj.get("output_index") == self._closed:
+            return []  # written again by _close_message
         return [(event_type, self._shifted(obj))]
 
     def _item_added(self, event_type: str, obj: Json, item: Json) -> list[Event]:
@@ -217,7 +223,7 @@ class ResponsesStreamTransformer:
             return self._text(msg, reasoning, content, obj)
         if event_type == "response.output_text.done":
             return self._close_message(obj)
-        if event_type in ("response.content_part.done", "response.output_item.done"):
+        if event_type in _REWRITTEN:
             return []  # written again by _close_message
         return [(event_type, self._shifted(obj))]
 
@@ -296,7 +302,7 @@ class ResponsesStreamTransformer:
     def _close_message(self, done: Json | None) -> list[Event]:
         msg = self._msg
         assert msg is not None
-        self._msg = None
+        self._msg, self._closed = None, msg.index
         reasoning, content = msg.parser.finish()
         out = self._text(msg, reasoning, content, None)
         out += self._close_reasoning(msg)
