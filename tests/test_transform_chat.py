@@ -274,7 +274,8 @@ def test_stream_splits_with_tags_across_chunks() -> None:
         {"role": "assistant", "content": ""},
         {"reasoning": "Let"},
         {"reasoning": " me"},
-        {"content": "\n\nHi"},
+        {"content": "\n\n"},
+        {"content": "Hi"},
         {},
     ]
     assert out[-1]["choices"][0]["finish_reason"] == "stop"
@@ -289,11 +290,11 @@ def test_stream_length_mid_thought_ends_as_reasoning() -> None:
 
 def test_stream_finish_flushes_when_upstream_never_finished() -> None:
     t = ChatStreamTransformer(QWEN)
-    assert t.feed(chunk(content="r</think>\n")) == [chunk(reasoning="r")]
+    assert t.feed(chunk(content="r</think")) == [chunk(reasoning="r")]
     tail = t.finish()
     assert len(tail) == 1
     assert tail[0]["choices"] == [
-        {"index": 0, "delta": {"content": "\n"}, "logprobs": None, "finish_reason": None}
+        {"index": 0, "delta": {"reasoning": "</think"}, "logprobs": None, "finish_reason": None}
     ]
     assert tail[0]["id"] == "c1" and tail[0]["model"] == "m"
     assert t.finish() == []
