@@ -196,6 +196,25 @@ def chat_reasoning_texts(body: Json, opts: TransformOptions) -> list[str]:
     return texts
 
 
+def all_reasoning(body: Json) -> bool:
+    """No choice of a (transformed) ``chat.completion`` body has content or tool calls."""
+    for choice in body.get("choices") or []:
+        msg = choice.get("message") if isinstance(choice, dict) else None
+        if isinstance(msg, dict) and (msg.get("content") or msg.get("tool_calls")):
+            return False
+    return True
+
+
+def reasoning_token_count(usage: Mapping[str, Any], counted: int, all_reasoning: bool) -> int:
+    """``reasoning_tokens`` for a gateway split: the whole completion when nothing but reasoning
+    came out (exact, as vLLM counts token ids), else the text count re-tokenized by the worker,
+    never more than the completion."""
+    completion = usage.get("completion_tokens")
+    if not isinstance(completion, int):
+        return counted
+    return completion if all_reasoning else min(counted, completion)
+
+
 def _transform_choice(choice: Any, opts: TransformOptions, texts: list[str]) -> Any:
     msg = choice.get("message") if isinstance(choice, dict) else None
     if not isinstance(msg, dict):
@@ -251,6 +270,7 @@ class _ChoiceState:
     parser: ReasoningParser | None
     worker_splits: bool = False
     finished: bool = False
+    answered: bool = False  # content or tool calls went out
     reasoning: list[str] = dataclasses.field(default_factory=list)
 
     @property
@@ -353,6 +373,7 @@ class ChatStreamTransformer:
         if reasoning and self._opts.include_reasoning:
             for key in self._opts.keys:
                 new[key] = reasoning
+        state.answered = state.answered or bool(new.get("content") or new.get("tool_calls"))
         return new
 
     @property
@@ -360,6 +381,11 @@ class ChatStreamTransformer:
         """The gateway splits but has no tokenizer at hand: the caller counts the reasoning
         (``reasoning_texts``) before the final usage chunk goes out."""
         return self._opts.parser is not None and self._opts.count_tokens is None
+
+    @property
+    def all_reasoning(self) -> bool:
+        """No choice has sent content or tool calls (so far)."""
+        return not any(s.answered for s in self._choices.values())
 
     def reasoning_texts(self) -> list[str]:
         """The reasoning the gateway split out, per choice."""
