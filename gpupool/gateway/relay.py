@@ -26,7 +26,9 @@ from gpupool.gateway.tokens import tokenize_count
 from gpupool.gateway.transform.chat import (
     ChatStreamTransformer,
     TransformOptions,
+    all_reasoning,
     chat_reasoning_texts,
+    reasoning_token_count,
     transform_chat_response,
 )
 from gpupool.gateway.transform.sse import frame, iter_events
@@ -141,11 +143,12 @@ class Relay:
         self._usage(plan, lease, obj.get("usage"))
         out = transform_chat_response(obj, opts)
         if opts.parser is not None:  # the gateway split, so vLLM could not count
-            await self._add_reasoning_tokens(out, chat_reasoning_texts(obj, opts), lease)
+            texts = chat_reasoning_texts(obj, opts)
+            await self._add_reasoning_tokens(out, texts, lease, all_reasoning(out))
         return orjson.dumps(out)
 
     async def _add_reasoning_tokens(
-        self, obj: dict[str, Any], texts: list[str], lease: Lease
+        self, obj: dict[str, Any], texts: list[str], lease: Lease, only_reasoning: bool
     ) -> None:
         """Set ``usage.completion_tokens_details.reasoning_tokens`` of a body or final stream
         chunk from the worker's ``/tokenize`` of ``texts``; left alone when the worker counted
@@ -163,7 +166,8 @@ class Relay:
         if None in counts:
             return
         new = {**(details if isinstance(details, dict) else {})}
-        new["reasoning_tokens"] = sum(c or 0 for c in counts)
+        counted = sum(c or 0 for c in counts)
+        new["reasoning_tokens"] = reasoning_token_count(usage, counted, only_reasoning)
         obj["usage"] = {**usage, "completion_tokens_details": new}
 
     async def _tokens(self, url: str, model: object, text: str) -> int | None:
@@ -270,7 +274,8 @@ class Relay:
                     continue
                 for o in t.feed(obj):
                     if t.counts_later and "usage" in o and not o.get("choices"):
-                        await self._add_reasoning_tokens(o, t.reasoning_texts(), lease)
+                        texts = t.reasoning_texts()
+                        await self._add_reasoning_tokens(o, texts, lease, t.all_reasoning)
                     out += frame(o)
         return bytes(out)
 
