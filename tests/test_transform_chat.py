@@ -596,3 +596,19 @@ def test_reasoning_texts_counted_whatever_include_reasoning_drops() -> None:
     assert [c["message"]["reasoning"] for c in out["choices"]] == [None, None]
     worker_split = completion({"content": "a", "reasoning": "r"})
     assert chat_reasoning_texts(worker_split, TransformOptions()) == ["r"]
+
+
+def test_grammar_answer_reports_zero_reasoning_tokens_as_vllm() -> None:
+    grammar = {"response_format": {"type": "json_object"}}
+    opts = TransformOptions.from_request(model(reasoning=ReasoningParser.qwen3), grammar)
+    assert opts.needs_transform and opts.zero_reasoning_tokens
+    usage = {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7,
+             "completion_tokens_details": None}  # fmt: skip
+    body = transform_chat_response(completion({"content": "{}"}, usage=usage), opts)
+    assert body["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}
+    assert body["choices"][0]["message"]["content"] == "{}"
+    t = ChatStreamTransformer(opts)
+    assert t.feed(chunk(content="{")) == [chunk(content="{")]
+    final = t.feed(usage_chunk())[-1]
+    assert final["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}
+    assert not opts.for_worker("qwen3").needs_transform

@@ -46,6 +46,7 @@ class TransformOptions:
     enable_thinking: bool = True
     start_in_reasoning: bool = True
     count_tokens: CountTokens | None = None
+    zero_reasoning_tokens: bool = False  # a grammar turned the model's split off: report 0
 
     def __post_init__(self) -> None:
         if self.parser is not None:
@@ -69,7 +70,8 @@ class TransformOptions:
         writes ``<think>``, so its whole output is content.
         """
         parser = None if model_cfg.reasoning is ParserName.none else model_cfg.reasoning.value
-        if worker_parser is not None or has_grammar(body):
+        zero = parser is not None and worker_parser is None and has_grammar(body)
+        if worker_parser is not None or zero:
             parser = None
         enable = _enable_thinking(body, template_defaults or {})
         start = enable
@@ -83,6 +85,7 @@ class TransformOptions:
             enable_thinking=enable,
             start_in_reasoning=start,
             count_tokens=count_tokens,
+            zero_reasoning_tokens=zero,
         )
 
     @property
@@ -92,6 +95,7 @@ class TransformOptions:
             self.parser is not None
             or self.field is not ReasoningField.reasoning
             or not self.include_reasoning
+            or self.zero_reasoning_tokens
         )
 
     @property
@@ -103,9 +107,9 @@ class TransformOptions:
     def for_worker(self, worker_parser: str | None) -> TransformOptions:
         """These options for a worker that runs ``worker_parser`` itself: never split again
         (renaming and ``include_reasoning`` still apply)."""
-        if worker_parser is None or self.parser is None:
+        if worker_parser is None or (self.parser is None and not self.zero_reasoning_tokens):
             return self
-        return dataclasses.replace(self, parser=None)
+        return dataclasses.replace(self, parser=None, zero_reasoning_tokens=False)
 
     def new_parser(self) -> ReasoningParser | None:
         if self.parser is None:
@@ -250,6 +254,8 @@ def _message_parts(msg: Json, opts: TransformOptions) -> tuple[str | None, Any] 
 
 def _usage_with_reasoning(usage: Any, texts: list[str], opts: TransformOptions) -> Any:
     """Fill ``completion_tokens_details.reasoning_tokens`` when it can be counted honestly."""
+    if isinstance(usage, dict) and opts.zero_reasoning_tokens:
+        return _zero_reasoning(usage)
     if not isinstance(usage, dict) or opts.count_tokens is None:
         return usage
     if not texts and opts.parser is None:
@@ -259,6 +265,15 @@ def _usage_with_reasoning(usage: Any, texts: list[str], opts: TransformOptions) 
         return usage  # the worker counted token ids; keep its number
     count = sum(opts.count_tokens(t) for t in texts if t)
     new_details = {**(details if isinstance(details, dict) else {}), "reasoning_tokens": count}
+    return {**usage, "completion_tokens_details": new_details}
+
+
+def _zero_reasoning(usage: Json) -> Json:
+    """vLLM with a parser reports ``reasoning_tokens`` always; a grammar-bound answer has none."""
+    details = usage.get("completion_tokens_details")
+    if isinstance(details, dict) and isinstance(details.get("reasoning_tokens"), int):
+        return usage
+    new_details = {**(details if isinstance(details, dict) else {}), "reasoning_tokens": 0}
     return {**usage, "completion_tokens_details": new_details}
 
 
@@ -394,7 +409,7 @@ class ChatStreamTransformer:
     def _final_usage(self, chunk: Json) -> Json:
         texts = ["".join(s.reasoning) for s in self._choices.values()]
         counted = any(s.parser is not None or s.worker_splits for s in self._choices.values())
-        if not counted:
+        if not counted and not self._opts.zero_reasoning_tokens:
             return chunk
         usage = _usage_with_reasoning(chunk.get("usage"), texts, self._opts)
         return chunk if usage is chunk.get("usage") else {**chunk, "usage": usage}
