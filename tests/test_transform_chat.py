@@ -612,3 +612,12 @@ def test_grammar_answer_reports_zero_reasoning_tokens_as_vllm() -> None:
     final = t.feed(usage_chunk())[-1]
     assert final["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}
     assert not opts.for_worker("qwen3").needs_transform
+
+
+def test_stream_empty_content_delta_is_not_sent_when_splitting() -> None:
+    """vLLM's parser sends nothing for a token that decodes to no text yet."""
+    t = ChatStreamTransformer(QWEN)
+    role = chunk(role="assistant", content="")
+    assert t.feed(role) == [role]
+    assert t.feed(chunk(content="")) == []
+    assert t.feed(chunk(content="r"))[0]["choices"][0]["delta"] == {"reasoning": "r"}

@@ -191,6 +191,16 @@ def seen_stream(r: httpx.Response) -> list[Any]:
     return out
 
 
+def same_split(ours: Json, theirs: Json) -> None:
+    """Equal, except that ``reasoning_tokens`` of a gateway split may differ by a token or two:
+    vLLM counts the reasoning parser's token ids, the gateway counts text (README, Differences
+    from vLLM)."""
+    (p1, c1, r1), (p2, c2, r2) = ours.pop("usage"), theirs.pop("usage")
+    assert (p1, c1) == (p2, c2)
+    assert r1 is not None and r2 is not None and abs(r1 - r2) <= 2
+    assert ours == theirs
+
+
 def _error(r: httpx.Response) -> tuple[int, Any]:
     body = r.json()
     err = body.get("error") if isinstance(body, dict) else None
@@ -268,7 +278,7 @@ def test_gateway_split_equals_vllm_parser(stack: Stack, name: str, body: Json) -
     A grammar-bound request is not split: its whole output is content, as from vLLM."""
     ours, theirs = _pair(stack, "/v1/chat/completions", body, SPLIT)
     assert ours.status_code == theirs.status_code == 200, ours.text
-    assert seen(ours.json()) == seen(theirs.json())
+    same_split(seen(ours.json()), seen(theirs.json()))
 
 
 STREAMED = ("plain", "n=2 seeded", "logprobs", "thinking off", "include_reasoning false",
@@ -303,7 +313,12 @@ def test_stream_matches_vllm(stack: Stack, name: str, body: Json, model: str) ->
     with ``reasoning_tokens``, whether vLLM or the gateway splits (items 1 and 4)."""
     streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
     ours, theirs = _pair(stack, "/v1/chat/completions", streamed, model)
-    assert coalesced(seen_stream(ours)) == coalesced(seen_stream(theirs))
+    mine, vllm = coalesced(seen_stream(ours)), coalesced(seen_stream(theirs))
+    if model == SPLIT:
+        (_, u1), (_, u2) = mine["end"][0], vllm["end"][0]
+        same_split({"usage": u1}, {"usage": u2})
+        mine["end"], vllm["end"] = mine["end"][1:], vllm["end"][1:]
+    assert mine == vllm
 
 
 @pytest.mark.parametrize("extra", [{}, NO_THINK, {"n": 2, "temperature": 1.0, "seed": 3}],

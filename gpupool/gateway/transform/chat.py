@@ -379,7 +379,8 @@ class ChatStreamTransformer:
         new = {k: v for k, v in delta.items() if k not in REASONING_KEYS}
         if content is not None:
             original = delta.get("content")
-            if content != (original or "") or "content" not in delta:
+            empty = not content and "role" not in delta  # vLLM's parser sends no empty deltas
+            if content != (original or "") or "content" not in delta or empty:
                 new.pop("content", None)
                 if content:
                     new["content"] = content
