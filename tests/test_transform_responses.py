@@ -128,7 +128,7 @@ def test_stream_emits_vllm_reasoning_events_then_the_message() -> None:
         "reasoning_text.delta", "reasoning_text.delta",
         "reasoning_text.done", "content_part.done", "output_item.done",
         "output_item.added", "content_part.added",  # the message
-        "output_text.delta",
+        "output_text.delta", "output_text.delta",
         "output_text.done", "content_part.done", "output_item.done",
         "completed",
     ]  # fmt: skip
@@ -141,9 +141,10 @@ def test_stream_emits_vllm_reasoning_events_then_the_message() -> None:
     assert events[6]["text"] == "Let me"
     assert events[8]["item"]["content"] == [{"text": "Let me", "type": "reasoning_text"}]
     assert events[9]["item"]["type"] == "message" and events[9]["output_index"] == 1
-    assert events[11]["delta"] == "\n\nHi" and events[11]["output_index"] == 1
-    assert events[12]["text"] == "\n\nHi"
-    assert events[14]["item"]["content"][0]["text"] == "\n\nHi"
+    assert [e["delta"] for e in events[11:13]] == ["\n\n", "Hi"]  # as the worker sent them
+    assert events[11]["output_index"] == events[12]["output_index"] == 1
+    assert events[13]["text"] == "\n\nHi"
+    assert events[15]["item"]["content"][0]["text"] == "\n\nHi"
     final = events[-1]["response"]["output"]
     assert [i["type"] for i in final] == ["reasoning", "message"]
     assert final[0]["id"] == added["item"]["id"]  # the ids the events announced
