@@ -8,7 +8,10 @@
 
 A choice whose message/delta already carries ``reasoning`` (vLLM ≥ 0.12 with a parser) or
 ``reasoning_content`` (older vLLM) is only renamed per ``field``. Otherwise, when a parser is
-configured, ``content`` is split with it (:mod:`.reasoning`). Structured ``tool_calls`` are
+configured, ``content`` is split with it (:mod:`.reasoning`). The gateway never splits for a
+worker running vLLM's own parser (:meth:`TransformOptions.for_worker`) nor a request bound by a
+grammar (:func:`has_grammar`): the worker applies the grammar from the first token, so the
+whole answer is content. Structured ``tool_calls`` are
 never touched. Response objects are never mutated: changed ones are shallow copies, unchanged
 ones are returned as the same object. Request normalisation edits the request body in place.
 """
