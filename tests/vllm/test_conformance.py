@@ -21,6 +21,7 @@ how the suite was run against today's main: a main gateway in front of these sam
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -483,3 +484,22 @@ def test_anthropic_messages_and_count_tokens(stack: Stack) -> None:
         return [(b.type, getattr(b, "text", None)) for b in reply.content], count
 
     assert ask(stack.gw, PARSED) == ask(stack.parsed, PARSED)
+
+
+@NEEDS_WIRING
+def test_queued_stream_timeout_is_a_real_429(stack: Stack) -> None:
+    """Item 2: a stream that times out in gpupool's queue is a 429 with ``Retry-After`` that
+    SDKs retry, like a non-streamed one, not a 200 with an error event inside."""
+    busy = {"model": PARSED, "messages": MSG, "max_tokens": 400, "ignore_eos": True,
+            "stream": True}  # fmt: skip
+    with contextlib.ExitStack() as hold:
+        client = hold.enter_context(httpx.Client(timeout=120))
+        for _ in range(4):  # the worker's capacity (max-num-seqs 4)
+            r = hold.enter_context(client.stream("POST", stack.gw + "/v1/chat/completions",
+                                                 json=busy))  # fmt: skip
+            next(r.iter_raw())  # admitted and generating
+        sdk = stack.client(stack.gw).with_options(default_headers={"x-gpupool-max-wait": "0.5"})
+        with pytest.raises(openai.RateLimitError) as e:
+            list(sdk.chat.completions.create(model=PARSED, messages=MSG, max_tokens=4,  # type: ignore[call-overload]
+                                             stream=True))  # fmt: skip
+        assert e.value.response.headers.get("retry-after")
