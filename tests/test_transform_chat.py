@@ -567,6 +567,8 @@ def test_grammar_request_is_not_split(extra: Json) -> None:
         {"response_format": None},
         {"structured_outputs": {"disable_any_whitespace": True}},
         {"text": {"format": {"type": "text"}}},
+        {"structured_outputs": {"regex": "<think>abc</think>hi"}},  # it writes the tags itself
+        {"guided_choice": ["a</think>b", "c</think>d"]},
     ],
 )
 def test_no_grammar_keeps_the_split(extra: Json) -> None:

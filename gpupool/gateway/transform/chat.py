@@ -25,7 +25,7 @@ from typing import Any
 
 from gpupool.config.models import ModelConfig, ReasoningField
 from gpupool.config.models import ReasoningParser as ParserName
-from gpupool.gateway.transform.reasoning import ReasoningParser, get_parser
+from gpupool.gateway.transform.reasoning import THINK_END, ReasoningParser, get_parser
 
 REASONING_KEYS = ("reasoning", "reasoning_content")
 _TEMPLATE_KEYS = ("id", "object", "created", "model")
@@ -128,16 +128,27 @@ _STRUCTURED_KEYS = ("json", "regex", "choice", "grammar", "json_object", "struct
 def has_grammar(body: Mapping[str, Any]) -> bool:
     """Whether a chat, completion or responses request constrains its output with a grammar:
     ``response_format`` (or the Responses API's ``text.format``) of a JSON type, vLLM's
-    ``structured_outputs``, or its older ``guided_*`` fields."""
+    ``structured_outputs``, or its older ``guided_*`` fields. A regex, grammar or choice that
+    spells ``</think>`` itself does not count: it writes the reasoning tags, so they split."""
     if _is_grammar_format(body.get("response_format")):
         return True
     text = body.get("text")
     if isinstance(text, dict) and _is_grammar_format(text.get("format")):
         return True
     so = body.get("structured_outputs")
-    if isinstance(so, dict) and any(so.get(k) not in (None, False) for k in _STRUCTURED_KEYS):
+    if isinstance(so, dict) and any(_constrains(so.get(k)) for k in _STRUCTURED_KEYS):
         return True
-    return any(body.get(k) is not None for k in _GUIDED_KEYS)
+    return any(_constrains(body.get(k)) for k in _GUIDED_KEYS)
+
+
+def _constrains(value: Any) -> bool:
+    if value is None or value is False:
+        return False
+    if isinstance(value, str):
+        return THINK_END not in value
+    if isinstance(value, list):
+        return not any(isinstance(v, str) and THINK_END in v for v in value)
+    return True
 
 
 def _is_grammar_format(fmt: Any) -> bool:
