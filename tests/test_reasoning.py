@@ -112,22 +112,17 @@ def test_qwen3_stream_tag_split_across_chunks() -> None:
     assert deltas == [("", ""), ("Let", ""), (" me", ""), ("", ""), ("", ""), ("", "Hi"), ("", "")]
 
 
-def test_qwen3_stream_holds_whitespace_after_think_end() -> None:
+def test_qwen3_stream_sends_whitespace_as_it_comes() -> None:
+    """vLLM's serving path passes content through token by token once reasoning ended."""
     deltas = stream(Qwen3Parser(), ["r</think>", "\n", "\n", "Hello", " ", "world"])
-    assert deltas[:-1] == [
-        ("r", ""),
-        ("", ""),
-        ("", ""),
-        ("", "\n\nHello"),
-        ("", " "),
-        ("", "world"),
-    ]
+    assert deltas[:-1] == [("r", ""), ("", "\n"), ("", "\n"), ("", "Hello"), ("", " "),
+                           ("", "world")]  # fmt: skip
 
 
-def test_qwen3_stream_flushes_held_whitespace_at_finish() -> None:
+def test_qwen3_stream_whitespace_in_the_tag_chunk_leaves_with_it() -> None:
     parser = Qwen3Parser()
-    assert parser.feed("r</think>\n\n") == ("r", "")
-    assert parser.finish() == ("", "\n\n")
+    assert parser.feed("r</think>\n\n") == ("r", "\n\n")
+    assert parser.finish() == ("", "")
 
 
 def test_qwen3_stream_partial_tag_at_end_is_text() -> None:
@@ -247,15 +242,18 @@ def test_reasoning_never_carries_think_tags(
 
 
 @settings(max_examples=300, deadline=None)
-@given(case=chunked(), thinking=st.booleans())
-def test_qwen3_stream_never_sends_whitespace_only_content_first(
-    case: tuple[str, list[str]], thinking: bool
+@given(case=chunked(), name=st.sampled_from(PARSERS), thinking=st.booleans())
+def test_a_chunk_without_tag_characters_leaves_whole_and_at_once(
+    case: tuple[str, list[str]], name: str, thinking: bool
 ) -> None:
+    """Token for token: only text that may be a tag waits for the next chunk."""
     _, pieces = case
-    parser = Qwen3Parser(start_in_reasoning=thinking)
-    sent = [c for c in (parser.feed(p)[1] for p in pieces) if c]
-    if sent:
-        assert not sent[0].isspace()
+    parser = get_parser(name)(start_in_reasoning=thinking)
+    for piece in pieces:
+        idle = parser._buf == ""
+        reasoning, content = parser.feed(piece)
+        if idle and "<" not in piece:
+            assert reasoning + content == piece
 
 
 @settings(max_examples=300, deadline=None)

@@ -15,6 +15,7 @@ from gpupool.config.models import ModelConfig, ReasoningField, ReasoningParser
 from gpupool.gateway.transform.chat import (
     ChatStreamTransformer,
     TransformOptions,
+    chat_reasoning_texts,
     normalize_request_messages,
     transform_chat_response,
 )
@@ -273,7 +274,8 @@ def test_stream_splits_with_tags_across_chunks() -> None:
         {"role": "assistant", "content": ""},
         {"reasoning": "Let"},
         {"reasoning": " me"},
-        {"content": "\n\nHi"},
+        {"content": "\n\n"},
+        {"content": "Hi"},
         {},
     ]
     assert out[-1]["choices"][0]["finish_reason"] == "stop"
@@ -288,11 +290,11 @@ def test_stream_length_mid_thought_ends_as_reasoning() -> None:
 
 def test_stream_finish_flushes_when_upstream_never_finished() -> None:
     t = ChatStreamTransformer(QWEN)
-    assert t.feed(chunk(content="r</think>\n")) == [chunk(reasoning="r")]
+    assert t.feed(chunk(content="r</think")) == [chunk(reasoning="r")]
     tail = t.finish()
     assert len(tail) == 1
     assert tail[0]["choices"] == [
-        {"index": 0, "delta": {"content": "\n"}, "logprobs": None, "finish_reason": None}
+        {"index": 0, "delta": {"reasoning": "</think"}, "logprobs": None, "finish_reason": None}
     ]
     assert tail[0]["id"] == "c1" and tail[0]["model"] == "m"
     assert t.finish() == []
@@ -533,3 +535,91 @@ def test_iter_events_any_read_boundaries(objs: list[Json], cuts: list[int], crlf
     assert items[0] == b": ping" and items[-1] == b"[DONE]"
     assert [orjson.loads(i) for i in items[1:-1]] == objs
     assert buf == bytearray()
+
+
+# ---- grammar and worker-side parsers (issue 12) --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"response_format": {"type": "json_object"}},
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+        {"structured_outputs": {"regex": "a+"}},
+        {"structured_outputs": {"json": {"type": "object"}}},
+        {"guided_json": {"type": "object"}},
+        {"guided_choice": ["a", "b"]},
+        {"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}},  # Responses
+    ],
+)
+def test_grammar_request_is_not_split(extra: Json) -> None:
+    opts = TransformOptions.from_request(model(reasoning=ReasoningParser.qwen3), extra)
+    assert opts.parser is None
+    body = completion({"content": '{"a": 1}', "reasoning": None})
+    assert transform_chat_response(body, opts)["choices"][0]["message"]["content"] == '{"a": 1}'
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"response_format": {"type": "text"}},
+        {"response_format": None},
+        {"structured_outputs": {"disable_any_whitespace": True}},
+        {"text": {"format": {"type": "text"}}},
+        {"structured_outputs": {"regex": "<think>abc</think>hi"}},  # it writes the tags itself
+        {"guided_choice": ["a</think>b", "c</think>d"]},
+    ],
+)
+def test_no_grammar_keeps_the_split(extra: Json) -> None:
+    opts = TransformOptions.from_request(model(reasoning=ReasoningParser.qwen3), extra)
+    assert opts.parser == "qwen3"
+
+
+def test_worker_with_parser_is_never_split_again() -> None:
+    base = TransformOptions.from_request(model(reasoning=ReasoningParser.qwen3), {})
+    opts = base.for_worker("qwen3")
+    assert opts.parser is None and not opts.needs_transform
+    assert base.for_worker(None) is base
+    same = TransformOptions.from_request(model(reasoning=ReasoningParser.qwen3), {},
+                                         worker_parser="qwen3")  # fmt: skip
+    assert same.parser is None
+    # the worker split nothing out (thinking off): its content stays content
+    t = ChatStreamTransformer(opts)
+    c = chunk(content="plain answer")
+    assert t.feed(c) == [c]
+
+
+def test_reasoning_texts_counted_whatever_include_reasoning_drops() -> None:
+    opts = TransformOptions(parser="qwen3", include_reasoning=False)
+    body = completion({"content": "r1</think>a"}, {"content": "no end"})
+    assert chat_reasoning_texts(body, opts) == ["r1", "no end"]
+    out = transform_chat_response(body, opts)
+    assert [c["message"]["reasoning"] for c in out["choices"]] == [None, None]
+    worker_split = completion({"content": "a", "reasoning": "r"})
+    assert chat_reasoning_texts(worker_split, TransformOptions()) == ["r"]
+
+
+def test_grammar_answer_reports_zero_reasoning_tokens_as_vllm() -> None:
+    grammar = {"response_format": {"type": "json_object"}}
+    opts = TransformOptions.from_request(model(reasoning=ReasoningParser.qwen3), grammar)
+    assert opts.needs_transform and opts.zero_reasoning_tokens
+    usage = {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7,
+             "completion_tokens_details": None}  # fmt: skip
+    body = transform_chat_response(completion({"content": "{}"}, usage=usage), opts)
+    assert body["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}
+    assert body["choices"][0]["message"]["content"] == "{}"
+    t = ChatStreamTransformer(opts)
+    assert t.feed(chunk(content="{")) == [chunk(content="{")]
+    final = t.feed(usage_chunk())[-1]
+    assert final["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}
+    assert not opts.for_worker("qwen3").needs_transform
+
+
+def test_stream_empty_content_delta_is_not_sent_when_splitting() -> None:
+    """vLLM's parser sends nothing for a token that decodes to no text yet."""
+    t = ChatStreamTransformer(QWEN)
+    role = chunk(role="assistant", content="")
+    assert t.feed(role) == [role]
+    assert t.feed(chunk(content="")) == []
+    assert t.feed(chunk(content="r"))[0]["choices"][0]["delta"] == {"reasoning": "r"}

@@ -105,7 +105,16 @@ class ModelConfig(_Strict):
     aliases: list[str] = Field(default_factory=list, description="Other names for this model.")
     reasoning: ReasoningParser = Field(
         ReasoningParser.none,
-        description="Split `<think>` traces in the gateway when the worker returns raw text.",
+        description="vLLM reasoning parser. Launched workers get `--reasoning-parser <name>` "
+        "(vLLM splits, and applies structured outputs after the reasoning); set "
+        "`launch.args.reasoning-parser: false` to opt out. For workers that return raw "
+        "`<think>` text (`url:` workers, opted-out ones) the gateway splits with the same rules.",
+    )
+    tool_call_parser: str | None = Field(
+        None,
+        description="vLLM `--tool-call-parser` for launched workers (e.g. `hermes` for Qwen3, "
+        "`qwen3_xml` for Qwen3.5), with `--enable-auto-tool-choice`; `launch.args` naming "
+        "either flag win. None: no tool parsing.",
     )
     reasoning_field: ReasoningField = Field(
         ReasoningField.reasoning, description="Response field name(s) that carry the reasoning."
@@ -117,7 +126,10 @@ class ModelConfig(_Strict):
         20 * 1024 * 1024, gt=0, description="Largest decoded `data:` URI accepted."
     )
     remote_media: RemoteMediaPolicy = Field(
-        RemoteMediaPolicy.allow, description="Whether http(s) media URLs may be forwarded."
+        RemoteMediaPolicy.allow,
+        description="Whether http(s) media URLs may be forwarded. Launched workers enforce it "
+        "too: `--allowed-media-domains` (deny: none; allowlist: the list) and "
+        "VLLM_MEDIA_URL_ALLOW_REDIRECTS=0, unless `launch.args`/`launch.env` set them.",
     )
     remote_media_domains: list[str] = Field(
         default_factory=list, description="Domains allowed when remote_media is `allowlist`."

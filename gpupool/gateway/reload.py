@@ -20,9 +20,12 @@ async def apply_reload(svc: Services, new: GpupoolConfig) -> dict[str, list[str]
     old = {wc.name: wc for wc in svc.cfg.workers}
     fresh = {wc.name: wc for wc in new.workers}
     removed = [n for n in old if n not in fresh]
-    changed = [n for n in fresh if n in old and fresh[n] != old[n]]
+    # a launched worker's flags also come from its model (command.model_flags)
+    before = {n: (wc, svc.cfg.model(wc.model) if wc.launch else None) for n, wc in old.items()}
+    after = {n: (wc, new.model(wc.model) if wc.launch else None) for n, wc in fresh.items()}
+    changed = [n for n in fresh if n in old and after[n] != before[n]]
     added = [n for n in fresh if n not in old]
-    unchanged = [n for n in fresh if n in old and fresh[n] == old[n]]
+    unchanged = [n for n in fresh if n in old and after[n] == before[n]]
 
     await asyncio.gather(*(_retire(svc, n) for n in (*removed, *changed)))
     svc.cfg.models = new.models
@@ -34,7 +37,7 @@ async def apply_reload(svc: Services, new: GpupoolConfig) -> dict[str, list[str]
         svc.registry.add(worker)
         svc.metrics.worker_state(worker.model, worker.name, worker.state.value)
         if wc.launch is not None:
-            await svc.supervisor.add(wc)
+            await svc.supervisor.add(wc, new.model(wc.model))
         else:
             await svc.poller.check(worker)
     return {"added": added, "removed": removed, "changed": changed, "unchanged": unchanged}

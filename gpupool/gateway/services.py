@@ -26,7 +26,11 @@ from gpupool.ops.sd_file import sd_file_path, sd_targets, write_sd_targets
 from gpupool.workers.gpus import discover_gpus
 from gpupool.workers.registry import MediaCaps, Registry, Worker, WorkerState
 from gpupool.workers.remote import RemotePoller
-from gpupool.workers.supervisor.command import capacity_of, media_limits_of
+from gpupool.workers.supervisor.command import (
+    capacity_of,
+    media_limits_of,
+    worker_reasoning_parser,
+)
 from gpupool.workers.supervisor.gpus import detect_cache_keys
 from gpupool.workers.supervisor.supervisor import Supervisor
 
@@ -65,6 +69,7 @@ def make_worker(wc: WorkerConfig, model: ModelConfig, default_capacity: int) -> 
         max_model_len_override=wc.max_model_len,
         media=media,
         gpus=wc.launch.gpus if wc.launch else None,
+        reasoning_parser=worker_reasoning_parser(wc, model),
     )
 
 
@@ -191,7 +196,7 @@ def build_services(
     supervisor = Supervisor(
         registry, launched, cfg.server, client.session, gpu_cache_keys=cache_keys,
         health_interval_s=cfg.routing.health_interval_s, fail_threshold=cfg.routing.fail_threshold,
-        health_timeout_s=cfg.routing.health_timeout_s,
+        health_timeout_s=cfg.routing.health_timeout_s, models=cfg.models,
     )  # fmt: skip
     key_limits = KeyLimits.from_config(cfg)
     pipeline = Pipeline(cfg, registry, catalog, router, admission, client, metrics, key_limits)

@@ -50,6 +50,7 @@ class Worker:
     max_model_len_override: int | None = None
     capacity: int = 64
     media: MediaCaps = field(default_factory=MediaCaps)
+    reasoning_parser: str | None = None  # vLLM's own --reasoning-parser: never split again
     inflight: int = 0
     requests_total: int = 0
     # scraped from the worker's own /metrics

@@ -45,6 +45,8 @@ def _worker(name: str, model_dir: Path, window: int, py: Path) -> dict[str, Any]
                 "max-model-len": window,
                 "max-num-seqs": 4,
                 "max-num-batched-tokens": 2048,
+                # these workers return raw `<think>` text so that the gateway's split is tested
+                "reasoning-parser": False,
             },
             "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"},
             "startup_timeout_s": 300,

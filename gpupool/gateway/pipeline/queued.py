@@ -59,6 +59,7 @@ class QueuedStream:
         self.ex = ex = Exchange(self.deps, self.plan, lease, self.hold)
         try:
             data = await self.relay.dispatcher.send(ex)
+            self.relay.for_worker(ex)
         except GatewayError as e:
             yield stream_error(ex, e)
             return

@@ -27,6 +27,9 @@ from gpupool.gateway.tokens import tokenize_count
 from gpupool.gateway.transform.chat import (
     ChatStreamTransformer,
     TransformOptions,
+    all_reasoning,
+    chat_reasoning_texts,
+    reasoning_token_count,
     transform_chat_response,
 )
 from gpupool.gateway.transform.sse import frame, iter_events
@@ -60,8 +63,17 @@ class Relay:
 
     # ---- whole bodies ----------------------------------------------------------------------
 
+    def for_worker(self, ex: Exchange) -> None:
+        """Once the worker is known: one that runs vLLM's reasoning parser is never split again."""
+        opts = ex.plan.transform
+        w = self.registry.get(ex.worker)
+        if opts is not None and w is not None and w.reasoning_parser is not None:
+            opts = opts.for_worker(w.reasoning_parser)
+            ex.plan.transform = opts if opts.needs_transform else None
+
     async def whole(self, ex: Exchange) -> Reply:
         data = await self.dispatcher.send(ex)
+        self.for_worker(ex)
         resp = ex.resp
         assert resp is not None
         try:
@@ -100,23 +112,19 @@ class Relay:
             return data
         ex.note_usage(obj.get("usage"))
         out = transform_chat_response(obj, opts)
-        if opts.parser is not None:
-            texts = [
-                c["message"].get(opts.keys[0]) or ""
-                for c in out.get("choices", [])
-                if isinstance(c, dict) and isinstance(c.get("message"), dict)
-            ]
-            await self._add_reasoning_tokens(out, texts, ex)
+        if opts.parser is not None:  # the gateway split, so vLLM could not count
+            texts = chat_reasoning_texts(obj, opts)
+            await self._add_reasoning_tokens(out, texts, ex, all_reasoning(out))
         return orjson.dumps(out)
 
     async def _add_reasoning_tokens(
-        self, obj: dict[str, Any], texts: list[str], ex: Exchange
+        self, obj: dict[str, Any], texts: list[str], ex: Exchange, only_reasoning: bool
     ) -> None:
         """Set ``usage.completion_tokens_details.reasoning_tokens`` of a body or final stream
         chunk from the worker's ``/tokenize`` of ``texts``; left alone when the worker counted
         token ids itself, when there is no reasoning, or when the worker cannot count."""
         usage = obj.get("usage")
-        if not isinstance(usage, dict) or not any(texts):
+        if not isinstance(usage, dict):
             return
         details = usage.get("completion_tokens_details")
         if isinstance(details, dict) and isinstance(details.get("reasoning_tokens"), int):
@@ -128,7 +136,8 @@ class Relay:
         if None in counts:
             return
         new = {**(details if isinstance(details, dict) else {})}
-        new["reasoning_tokens"] = sum(c or 0 for c in counts)
+        counted = sum(c or 0 for c in counts)
+        new["reasoning_tokens"] = reasoning_token_count(usage, counted, only_reasoning)
         obj["usage"] = {**usage, "completion_tokens_details": new}
 
     async def _tokens(self, url: str, model: object, text: str) -> int | None:
@@ -147,6 +156,7 @@ class Relay:
 
     async def stream(self, ex: Exchange) -> Reply:
         data = await self.dispatcher.send(ex)
+        self.for_worker(ex)
         resp = ex.resp
         assert resp is not None
         if data is not None:
@@ -210,7 +220,8 @@ class Relay:
                     continue
                 for o in t.feed(obj) if t is not None else (obj,):
                     if t is not None and t.counts_later and "usage" in o and not o.get("choices"):
-                        await self._add_reasoning_tokens(o, t.reasoning_texts(), ex)
+                        texts = t.reasoning_texts()
+                        await self._add_reasoning_tokens(o, texts, ex, t.all_reasoning)
                     out += self._frame(ex, o)
         return bytes(out)
 

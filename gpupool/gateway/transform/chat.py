@@ -8,7 +8,10 @@
 
 A choice whose message/delta already carries ``reasoning`` (vLLM ≥ 0.12 with a parser) or
 ``reasoning_content`` (older vLLM) is only renamed per ``field``. Otherwise, when a parser is
-configured, ``content`` is split with it (:mod:`.reasoning`). Structured ``tool_calls`` are
+configured, ``content`` is split with it (:mod:`.reasoning`). The gateway never splits for a
+worker running vLLM's own parser (:meth:`TransformOptions.for_worker`) nor a request bound by a
+grammar (:func:`has_grammar`): the worker applies the grammar from the first token, so the
+whole answer is content. Structured ``tool_calls`` are
 never touched. Response objects are never mutated: changed ones are shallow copies, unchanged
 ones are returned as the same object. Request normalisation edits the request body in place.
 """
@@ -22,7 +25,7 @@ from typing import Any
 
 from gpupool.config.models import ModelConfig, ReasoningField
 from gpupool.config.models import ReasoningParser as ParserName
-from gpupool.gateway.transform.reasoning import ReasoningParser, get_parser
+from gpupool.gateway.transform.reasoning import THINK_END, ReasoningParser, get_parser
 
 REASONING_KEYS = ("reasoning", "reasoning_content")
 _TEMPLATE_KEYS = ("id", "object", "created", "model")
@@ -46,6 +49,7 @@ class TransformOptions:
     enable_thinking: bool = True
     start_in_reasoning: bool = True
     count_tokens: CountTokens | None = None
+    zero_reasoning_tokens: bool = False  # a grammar turned the model's split off: report 0
 
     def __post_init__(self) -> None:
         if self.parser is not None:
@@ -59,9 +63,19 @@ class TransformOptions:
         *,
         count_tokens: CountTokens | None = None,
         template_defaults: Mapping[str, Any] | None = None,
+        worker_parser: str | None = None,
     ) -> TransformOptions:
-        """``template_defaults``: the worker's ``--default-chat-template-kwargs``, if known."""
+        """``template_defaults``: the worker's ``--default-chat-template-kwargs``, if known.
+
+        The gateway splits only when the model has a parser, the worker has none
+        (``worker_parser``, see ``command.worker_reasoning_parser``) and the request carries no
+        grammar (:func:`has_grammar`): a worker enforcing a grammar from the first token never
+        writes ``<think>``, so its whole output is content.
+        """
         parser = None if model_cfg.reasoning is ParserName.none else model_cfg.reasoning.value
+        zero = parser is not None and worker_parser is None and has_grammar(body)
+        if worker_parser is not None or zero:
+            parser = None
         enable = _enable_thinking(body, template_defaults or {})
         start = enable
         if parser is not None and not get_parser(parser).uses_enable_thinking:
@@ -74,6 +88,7 @@ class TransformOptions:
             enable_thinking=enable,
             start_in_reasoning=start,
             count_tokens=count_tokens,
+            zero_reasoning_tokens=zero,
         )
 
     @property
@@ -83,6 +98,7 @@ class TransformOptions:
             self.parser is not None
             or self.field is not ReasoningField.reasoning
             or not self.include_reasoning
+            or self.zero_reasoning_tokens
         )
 
     @property
@@ -91,10 +107,52 @@ class TransformOptions:
             return REASONING_KEYS
         return (self.field.value,)
 
+    def for_worker(self, worker_parser: str | None) -> TransformOptions:
+        """These options for a worker that runs ``worker_parser`` itself: never split again
+        (renaming and ``include_reasoning`` still apply)."""
+        if worker_parser is None or (self.parser is None and not self.zero_reasoning_tokens):
+            return self
+        return dataclasses.replace(self, parser=None, zero_reasoning_tokens=False)
+
     def new_parser(self) -> ReasoningParser | None:
         if self.parser is None:
             return None
         return get_parser(self.parser)(start_in_reasoning=self.start_in_reasoning)
+
+
+_GUIDED_KEYS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+_GRAMMAR_FORMATS = ("json_object", "json_schema", "structural_tag")
+_STRUCTURED_KEYS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+def has_grammar(body: Mapping[str, Any]) -> bool:
+    """Whether a chat, completion or responses request constrains its output with a grammar:
+    ``response_format`` (or the Responses API's ``text.format``) of a JSON type, vLLM's
+    ``structured_outputs``, or its older ``guided_*`` fields. A regex, grammar or choice that
+    spells ``</think>`` itself does not count: it writes the reasoning tags, so they split."""
+    if _is_grammar_format(body.get("response_format")):
+        return True
+    text = body.get("text")
+    if isinstance(text, dict) and _is_grammar_format(text.get("format")):
+        return True
+    so = body.get("structured_outputs")
+    if isinstance(so, dict) and any(_constrains(so.get(k)) for k in _STRUCTURED_KEYS):
+        return True
+    return any(_constrains(body.get(k)) for k in _GUIDED_KEYS)
+
+
+def _constrains(value: Any) -> bool:
+    if value is None or value is False:
+        return False
+    if isinstance(value, str):
+        return THINK_END not in value
+    if isinstance(value, list):
+        return not any(isinstance(v, str) and THINK_END in v for v in value)
+    return True
+
+
+def _is_grammar_format(fmt: Any) -> bool:
+    return isinstance(fmt, dict) and fmt.get("type") in _GRAMMAR_FORMATS
 
 
 def _enable_thinking(body: Mapping[str, Any], defaults: Mapping[str, Any]) -> bool:
@@ -143,6 +201,38 @@ def transform_chat_response(body: Json, opts: TransformOptions) -> Json:
     return out
 
 
+def chat_reasoning_texts(body: Json, opts: TransformOptions) -> list[str]:
+    """Each choice's reasoning in a worker's ``chat.completion`` body (split out by the worker,
+    or by ``opts``' parser), whatever ``include_reasoning`` drops: vLLM counts
+    ``reasoning_tokens`` either way."""
+    texts: list[str] = []
+    for choice in body.get("choices") or []:
+        msg = choice.get("message") if isinstance(choice, dict) else None
+        parts = _message_parts(msg, opts) if isinstance(msg, dict) else None
+        if parts is not None and parts[0]:
+            texts.append(parts[0])
+    return texts
+
+
+def all_reasoning(body: Json) -> bool:
+    """No choice of a (transformed) ``chat.completion`` body has content or tool calls."""
+    for choice in body.get("choices") or []:
+        msg = choice.get("message") if isinstance(choice, dict) else None
+        if isinstance(msg, dict) and (msg.get("content") or msg.get("tool_calls")):
+            return False
+    return True
+
+
+def reasoning_token_count(usage: Mapping[str, Any], counted: int, all_reasoning: bool) -> int:
+    """``reasoning_tokens`` for a gateway split: the whole completion when nothing but reasoning
+    came out (exact, as vLLM counts token ids), else the text count re-tokenized by the worker,
+    never more than the completion."""
+    completion = usage.get("completion_tokens")
+    if not isinstance(completion, int):
+        return counted
+    return completion if all_reasoning else min(counted, completion)
+
+
 def _transform_choice(choice: Any, opts: TransformOptions, texts: list[str]) -> Any:
     msg = choice.get("message") if isinstance(choice, dict) else None
     if not isinstance(msg, dict):
@@ -178,6 +268,8 @@ def _message_parts(msg: Json, opts: TransformOptions) -> tuple[str | None, Any] 
 
 def _usage_with_reasoning(usage: Any, texts: list[str], opts: TransformOptions) -> Any:
     """Fill ``completion_tokens_details.reasoning_tokens`` when it can be counted honestly."""
+    if isinstance(usage, dict) and opts.zero_reasoning_tokens:
+        return _zero_reasoning(usage)
     if not isinstance(usage, dict) or opts.count_tokens is None:
         return usage
     if not texts and opts.parser is None:
@@ -190,6 +282,15 @@ def _usage_with_reasoning(usage: Any, texts: list[str], opts: TransformOptions) 
     return {**usage, "completion_tokens_details": new_details}
 
 
+def _zero_reasoning(usage: Json) -> Json:
+    """vLLM with a parser reports ``reasoning_tokens`` always; a grammar-bound answer has none."""
+    details = usage.get("completion_tokens_details")
+    if isinstance(details, dict) and isinstance(details.get("reasoning_tokens"), int):
+        return usage
+    new_details = {**(details if isinstance(details, dict) else {}), "reasoning_tokens": 0}
+    return {**usage, "completion_tokens_details": new_details}
+
+
 # ---- streaming ----------------------------------------------------------------------------
 
 
@@ -198,6 +299,7 @@ class _ChoiceState:
     parser: ReasoningParser | None
     worker_splits: bool = False
     finished: bool = False
+    answered: bool = False  # content or tool calls went out
     reasoning: list[str] = dataclasses.field(default_factory=list)
 
     @property
@@ -291,7 +393,8 @@ class ChatStreamTransformer:
         new = {k: v for k, v in delta.items() if k not in REASONING_KEYS}
         if content is not None:
             original = delta.get("content")
-            if content != (original or "") or "content" not in delta:
+            empty = not content and "role" not in delta  # vLLM's parser sends no empty deltas
+            if content != (original or "") or "content" not in delta or empty:
                 new.pop("content", None)
                 if content:
                     new["content"] = content
@@ -300,6 +403,7 @@ class ChatStreamTransformer:
         if reasoning and self._opts.include_reasoning:
             for key in self._opts.keys:
                 new[key] = reasoning
+        state.answered = state.answered or bool(new.get("content") or new.get("tool_calls"))
         return new
 
     @property
@@ -308,6 +412,11 @@ class ChatStreamTransformer:
         (``reasoning_texts``) before the final usage chunk goes out."""
         return self._opts.parser is not None and self._opts.count_tokens is None
 
+    @property
+    def all_reasoning(self) -> bool:
+        """No choice has sent content or tool calls (so far)."""
+        return not any(s.answered for s in self._choices.values())
+
     def reasoning_texts(self) -> list[str]:
         """The reasoning the gateway split out, per choice."""
         return ["".join(s.reasoning) for s in self._choices.values() if s.reasoning]
@@ -315,7 +424,7 @@ class ChatStreamTransformer:
     def _final_usage(self, chunk: Json) -> Json:
         texts = ["".join(s.reasoning) for s in self._choices.values()]
         counted = any(s.parser is not None or s.worker_splits for s in self._choices.values())
-        if not counted:
+        if not counted and not self._opts.zero_reasoning_tokens:
             return chunk
         usage = _usage_with_reasoning(chunk.get("usage"), texts, self._opts)
         return chunk if usage is chunk.get("usage") else {**chunk, "usage": usage}

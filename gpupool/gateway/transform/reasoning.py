@@ -12,7 +12,9 @@ Used when a worker runs without ``--reasoning-parser`` and returns ``<think>…<
 
 Streaming and non-streaming share the machine, so the concatenated stream always equals the
 non-streaming split. A tag cut across chunks (``<th`` + ``ink>``) is held back until it is
-known to be a tag or plain text; a partial tag is never emitted.
+known to be a tag or plain text; nothing else is held, so chunks leave as they came (vLLM's
+serving path streams whitespace-only content token by token too). Output cut inside a tag
+(``<thin`` at the end) is plain text of the phase it was in, as vLLM's parser flushes it.
 """
 
 from __future__ import annotations
@@ -61,7 +63,6 @@ class ReasoningParser:
     name: ClassVar[str] = ""
     transitions: ClassVar[Mapping[tuple[Phase, str], Move]] = {}
     uses_enable_thinking: ClassVar[bool] = False  # False: always starts in REASONING
-    holds_leading_whitespace: ClassVar[bool] = False  # hold whitespace-only content deltas
     _tags: ClassVar[dict[Phase, tuple[str, ...]]] = {}
 
     def __init_subclass__(cls) -> None:
@@ -73,8 +74,6 @@ class ReasoningParser:
         start = start_in_reasoning or not self.uses_enable_thinking
         self._phase = Phase.REASONING if start else Phase.CONTENT
         self._buf = ""
-        self._held_ws = ""
-        self._content_started = False
 
     @property
     def phase(self) -> Phase:
@@ -91,9 +90,6 @@ class ReasoningParser:
         """End of output: release held-back text (a partial tag is plain text after all)."""
         out = _Out()
         self._drain(out, final=True)
-        if self._held_ws:
-            out.content.append(self._held_ws)
-            self._held_ws = ""
         return out.pair()
 
     def split(self, text: str) -> tuple[str | None, str | None]:
@@ -123,16 +119,7 @@ class ReasoningParser:
     def _emit(self, text: str, out: _Out) -> None:
         if not text:
             return
-        if self._phase is Phase.REASONING:
-            out.reasoning.append(text)
-            return
-        if self.holds_leading_whitespace and not self._content_started:
-            if text.isspace():
-                self._held_ws += text
-                return
-            text, self._held_ws = self._held_ws + text, ""
-        self._content_started = True
-        out.content.append(text)
+        (out.reasoning if self._phase is Phase.REASONING else out.content).append(text)
 
 
 def _earliest(buf: str, tags: tuple[str, ...]) -> tuple[int, str | None]:
@@ -161,13 +148,11 @@ class Qwen3Parser(ReasoningParser):
 
     ``<think>`` in reasoning is swallowed; ``</think>`` ends it and is dropped again later;
     ``<tool_call>`` ends reasoning implicitly and stays in content for the tool parser; inside
-    a tool call ``</think>`` is ordinary text. Whitespace-only content is held back until
-    non-whitespace content follows.
+    a tool call ``</think>`` is ordinary text.
     """
 
     name = "qwen3"
     uses_enable_thinking = True
-    holds_leading_whitespace = True
     transitions = {
         (Phase.REASONING, THINK_START): Move(Phase.REASONING),
         (Phase.REASONING, THINK_END): Move(Phase.CONTENT),

@@ -8,6 +8,16 @@ environment) and return values, so the exact command a user will get is testable
 (``--limit-mm-per-prompt '{"image": 2, "video": 0}'``). gpupool then appends
 ``--host 127.0.0.1 --port N --served-model-name <model>`` itself: the gateway is the only
 public endpoint and routes by that name, so users may not set those flags (``check_launch``).
+
+The worker's model adds vLLM's own flags unless ``args`` name them (any value; ``false``
+drops the flag): ``reasoning: qwen3`` → ``--reasoning-parser qwen3`` (the worker splits, so
+structured outputs and tools compose with reasoning), ``tool_call_parser`` →
+``--tool-call-parser X --enable-auto-tool-choice``, and the gateway's media policy →
+``--allowed-media-domains`` plus ``VLLM_MEDIA_URL_ALLOW_REDIRECTS=0`` (``model_flags``,
+``model_env``)::
+
+    reasoning: qwen3, remote_media: allowlist [img.example.com]
+      → … --reasoning-parser qwen3 --allowed-media-domains img.example.com --host …
 """
 
 from __future__ import annotations
@@ -20,7 +30,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpupool.config.models import LaunchConfig, WorkerConfig
+from gpupool.config.models import (
+    LaunchConfig,
+    ModelConfig,
+    ReasoningParser,
+    RemoteMediaPolicy,
+    WorkerConfig,
+)
 from gpupool.workers.registry import MediaCaps
 from gpupool.workers.supervisor.errors import LaunchConfigError
 
@@ -32,6 +48,9 @@ _RESERVED = {
     "uds": "gpupool talks to workers over TCP",
 }
 _UNSAFE_PATH_CHARS = re.compile(r"[^A-Za-z0-9_.-]")
+# A domain that never resolves (RFC 6761): vLLM treats an empty allowlist as "any domain".
+NO_MEDIA_DOMAIN = "media.invalid"
+NO_REDIRECTS_ENV = "VLLM_MEDIA_URL_ALLOW_REDIRECTS"
 
 
 def flag_key(key: str) -> str:
@@ -45,6 +64,11 @@ def arg_value(args: Mapping[str, Any], name: str) -> Any:
         if flag_key(key) == name:
             return value
     return None
+
+
+def has_arg(args: Mapping[str, Any], name: str) -> bool:
+    """Whether ``args`` names flag ``name`` at all (``false`` and ``null`` count: an opt-out)."""
+    return any(flag_key(key) == name for key in args)
 
 
 def check_launch(launch: LaunchConfig) -> list[str]:
@@ -94,8 +118,9 @@ def _arg_tokens(key: str, value: Any) -> list[str]:
     return [flag, str(value)]
 
 
-def build_command(worker: WorkerConfig, port: int) -> list[str]:
-    """The argv that starts ``worker`` listening on ``127.0.0.1:port``."""
+def build_command(worker: WorkerConfig, port: int, model: ModelConfig | None = None) -> list[str]:
+    """The argv that starts ``worker`` listening on ``127.0.0.1:port``; ``model`` (the
+    worker's model) adds the flags of :func:`model_flags`."""
     launch = _launch_of(worker)
     problems = check_launch(launch)
     if problems:
@@ -108,6 +133,8 @@ def build_command(worker: WorkerConfig, port: int) -> list[str]:
     ]
     for key, value in launch.args.items():
         argv += _arg_tokens(key, value)
+    if model is not None:
+        argv += model_flags(worker, model)
     return [*argv, "--host", WORKER_HOST, "--port", str(port), "--served-model-name", worker.model]
 
 
@@ -127,8 +154,10 @@ def build_env(
     gpu_cache_key: str | None,
     state_dir: str | os.PathLike[str],
     base: Mapping[str, str] | None = None,
+    model: ModelConfig | None = None,
 ) -> dict[str, str]:
-    """Inherited environment (``base``, default ``os.environ``) + GPUs + caches + ``launch.env``.
+    """Inherited environment (``base``, default ``os.environ``) + GPUs + caches + the
+    model's :func:`model_env` + ``launch.env``.
 
     ``gpus`` are numbered as nvidia-smi and NVML number them (``CUDA_DEVICE_ORDER=PCI_BUS_ID``
     unless already set): CUDA's default order puts the fastest card first, which on a mixed
@@ -145,6 +174,8 @@ def build_env(
     cache = cache_dir(state_dir, gpu_cache_key)
     env["VLLM_CACHE_ROOT"] = str(cache / "vllm")
     env["TRITON_CACHE_DIR"] = str(cache / "triton")
+    if model is not None:
+        env.update(model_env(model))
     env.update(launch.env)
     return env
 
@@ -195,3 +226,57 @@ def media_limits_of(worker: WorkerConfig) -> MediaCaps:
         video=_count(raw.get("video")),
         audio=_count(raw.get("audio")),
     )
+
+
+# ---- flags implied by the worker's model ----------------------------------------------------
+
+
+def worker_reasoning_parser(worker: WorkerConfig, model: ModelConfig) -> str | None:
+    """The reasoning parser vLLM itself runs for ``worker``, or None (the gateway splits).
+
+    A launched worker runs the model's ``reasoning`` parser unless ``launch.args`` set
+    ``reasoning-parser`` (a name, or ``false`` to let the gateway split). A ``url:`` worker
+    is assumed to run without one.
+    """
+    if worker.launch is None:
+        return None
+    args = worker.launch.args
+    if has_arg(args, "reasoning-parser"):
+        value = arg_value(args, "reasoning-parser")
+        return value if isinstance(value, str) and value else None
+    return None if model.reasoning is ReasoningParser.none else model.reasoning.value
+
+
+def model_flags(worker: WorkerConfig, model: ModelConfig) -> list[str]:
+    """vLLM flags the model implies for a launched worker, leaving out any ``args`` names."""
+    launch = _launch_of(worker)
+    wanted: list[tuple[str, list[str]]] = []
+    if model.reasoning is not ReasoningParser.none:
+        wanted.append(("reasoning-parser", [model.reasoning.value]))
+    if model.tool_call_parser:
+        wanted.append(("tool-call-parser", [model.tool_call_parser]))
+        wanted.append(("enable-auto-tool-choice", []))
+    domains = media_domains(model)
+    if domains is not None:
+        wanted.append(("allowed-media-domains", domains))
+    out: list[str] = []
+    for name, values in wanted:
+        if not has_arg(launch.args, name):
+            out += [f"--{name}", *values]
+    return out
+
+
+def media_domains(model: ModelConfig) -> list[str] | None:
+    """vLLM's ``--allowed-media-domains`` for the model's ``remote_media`` policy (None: any)."""
+    if model.remote_media is RemoteMediaPolicy.allow:
+        return None
+    if model.remote_media is RemoteMediaPolicy.allowlist and model.remote_media_domains:
+        return list(model.remote_media_domains)
+    return [NO_MEDIA_DOMAIN]
+
+
+def model_env(model: ModelConfig) -> dict[str, str]:
+    """Environment the model implies: media fetches never follow redirects (whatever
+    ``remote_media`` says), so an allowed host cannot bounce the worker to a private address
+    the gateway would have refused. ``launch.env`` may set the variable back."""
+    return {} if model.remote_media is RemoteMediaPolicy.deny else {NO_REDIRECTS_ENV: "0"}

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import aiohttp
 
-from gpupool.config.models import LaunchConfig, WorkerConfig
+from gpupool.config.models import LaunchConfig, ModelConfig, WorkerConfig
 from gpupool.workers.probe import ProbeResult, probe
 from gpupool.workers.registry import Registry, Worker, WorkerState
 from gpupool.workers.supervisor.clock import Clock
@@ -102,8 +102,10 @@ class WorkerRun:
         worker: Worker,
         seams: Seams,
         cache_key: str | None,
+        model: ModelConfig | None = None,
     ) -> None:
         self.cfg = cfg
+        self.model = model
         self.launch = launch
         self.worker = worker
         self.seams = seams
@@ -207,8 +209,8 @@ class WorkerRun:
     async def _launch(self) -> WorkerProcess:
         port = self.launch.port or free_port()
         settings = self.seams.settings
-        argv = build_command(self.cfg, port)
-        env = build_env(self.cfg, self.cache_key, settings.state_dir)
+        argv = build_command(self.cfg, port, self.model)
+        env = build_env(self.cfg, self.cache_key, settings.state_dir, model=self.model)
         await asyncio.to_thread(_make_cache_dirs, env)
         self.url = f"http://{WORKER_HOST}:{port}"
         self.proc = await self.seams.launcher.launch(LaunchSpec(self.cfg.name, argv, env))

@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import aiohttp
 
-from gpupool.config.models import ServerConfig, WorkerConfig
+from gpupool.config.models import ModelConfig, ServerConfig, WorkerConfig
 from gpupool.workers.registry import Registry, Worker, WorkerState
 from gpupool.workers.supervisor.clock import Clock, MonotonicClock
 from gpupool.workers.supervisor.command import capacity_of, check_launch, media_limits_of
@@ -43,9 +43,11 @@ class Supervisor:
         health_timeout_s: float = 5.0,
         fail_threshold: int = 3,
         rng: random.Random | None = None,
+        models: Sequence[ModelConfig] = (),
     ) -> None:
         """``gpu_cache_keys`` maps a worker name to its GPU's architecture and compute capability
-        (for example ``"sm_120"``); workers with one key share compile and Triton caches."""
+        (for example ``"sm_120"``); workers with one key share compile and Triton caches.
+        ``models``: the workers' models, whose settings add vLLM flags (``command.model_flags``)."""
         state_dir = Path(os.path.abspath(server_cfg.state_dir))
         settings = Settings(state_dir, health_interval_s, health_timeout_s, fail_threshold)
         self._seams = Seams(
@@ -57,6 +59,7 @@ class Supervisor:
             settings=settings,
         )
         self._cache_keys = dict(gpu_cache_keys or {})
+        self._models = {m.name: m for m in models}
         self._runs: dict[str, WorkerRun] = {}
         self._started = False
         for cfg in workers:
@@ -128,8 +131,10 @@ class Supervisor:
         run.crashes.clear()
         run.start()
 
-    async def add(self, cfg: WorkerConfig) -> None:
+    async def add(self, cfg: WorkerConfig, model: ModelConfig | None = None) -> None:
         """Supervise a new worker (config reload); started now if the pool is running."""
+        if model is not None:
+            self._models[model.name] = model
         if cfg.name in self._runs:
             raise WorkerExists(cfg.name)
         if cfg.launch is None:
@@ -175,7 +180,8 @@ class Supervisor:
         worker.supervised = True
         worker.gpus = cfg.launch.gpus
         cache_key = self._cache_keys.get(cfg.name)
-        return WorkerRun(cfg, cfg.launch, worker, self._seams, cache_key)
+        model = self._models.get(cfg.model)
+        return WorkerRun(cfg, cfg.launch, worker, self._seams, cache_key, model)
 
     def _activate(self, run: WorkerRun) -> None:
         self._seams.registry.add(run.worker)
