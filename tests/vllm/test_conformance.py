@@ -41,7 +41,6 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 PARSED, SPLIT = "tiny-p", "tiny"
 WINDOW = 2048
-NEEDS_WIRING = pytest.mark.xfail(reason="needs pipeline wiring", strict=False)
 ENV_GATEWAY = "GPUPOOL_CONFORMANCE_GATEWAY"
 ENV_WORKERS = "GPUPOOL_CONFORMANCE_WORKERS"
 
@@ -447,14 +446,12 @@ def test_responses_passthrough_worker_side_parser(stack: Stack) -> None:
     assert _items(ours.json())[0][0] == "reasoning"
 
 
-@NEEDS_WIRING
 def test_responses_gateway_split_gives_reasoning_items(stack: Stack) -> None:
     ours, theirs = _pair(stack, "/v1/responses", RESPONSES, SPLIT)
     assert ours.status_code == theirs.status_code == 200, ours.text
     assert _items(ours.json()) == _items(theirs.json())
 
 
-@NEEDS_WIRING
 def test_responses_stream_gateway_split_gives_reasoning_events(stack: Stack) -> None:
     body = {**RESPONSES, "stream": True}
     ours, theirs = _pair(stack, "/v1/responses", body, SPLIT)
@@ -471,7 +468,6 @@ def test_responses_stream_gateway_split_gives_reasoning_events(stack: Stack) -> 
     assert events(ours) == events(theirs)
 
 
-@NEEDS_WIRING
 def test_anthropic_messages_and_count_tokens(stack: Stack) -> None:
     import anthropic
 
@@ -486,7 +482,6 @@ def test_anthropic_messages_and_count_tokens(stack: Stack) -> None:
     assert ask(stack.gw, PARSED) == ask(stack.parsed, PARSED)
 
 
-@NEEDS_WIRING
 def test_queued_stream_timeout_is_a_real_429(stack: Stack) -> None:
     """Item 2: a stream that times out in gpupool's queue is a 429 with ``Retry-After`` that
     SDKs retry, like a non-streamed one, not a 200 with an error event inside."""

@@ -151,8 +151,13 @@ class Pipeline:
         return orjson.dumps(body) if changed else req.raw
 
     def _transform(self, kind: Kind, req: Parsed, model: ModelConfig) -> TransformOptions | None:
-        if kind.shape is not Shape.chat:
+        if kind.shape is Shape.none:
             return None
+        if kind.shape is Shape.responses:  # reasoning items when the gateway splits
+            if model.reasoning is ReasoningParser.none:
+                return None
+            opts = TransformOptions.from_request(model, req.body)
+            return opts if opts.parser is not None else None
         plain = model.reasoning is ReasoningParser.none and model.reasoning_field is (
             ReasoningField.reasoning
         )

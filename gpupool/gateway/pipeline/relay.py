@@ -32,6 +32,11 @@ from gpupool.gateway.transform.chat import (
     reasoning_token_count,
     transform_chat_response,
 )
+from gpupool.gateway.transform.responses import (
+    ResponsesStreamTransformer,
+    transform_responses_body,
+)
+from gpupool.gateway.transform.responses import reasoning_texts as responses_reasoning
 from gpupool.gateway.transform.sse import frame, iter_events
 from gpupool.gateway.upstream.client import DataPath, Response, UpstreamFailure
 from gpupool.workers.registry import Registry
@@ -111,11 +116,34 @@ class Relay:
         if not isinstance(obj, dict):
             return data
         ex.note_usage(obj.get("usage"))
+        if ex.plan.kind.shape is Shape.responses:
+            return orjson.dumps(await self._finish_response(ex, obj, opts))
         out = transform_chat_response(obj, opts)
         if opts.parser is not None:  # the gateway split, so vLLM could not count
             texts = chat_reasoning_texts(obj, opts)
             await self._add_reasoning_tokens(out, texts, ex, all_reasoning(out))
         return orjson.dumps(out)
+
+    async def _finish_response(
+        self, ex: Exchange, obj: dict[str, Any], opts: TransformOptions
+    ) -> dict[str, Any]:
+        """A Responses object with the split reasoning as vLLM's ``reasoning`` items, and
+        ``usage.output_tokens_details.reasoning_tokens`` counted by the worker's tokenizer."""
+        out = transform_responses_body(obj, opts)
+        usage = out.get("usage")
+        texts = [t for t in responses_reasoning(out) if t]
+        worker = self.registry.get(ex.worker)
+        if out is obj or not isinstance(usage, dict) or worker is None or worker.url is None:
+            return out
+        counts = [await self._tokens(worker.url, out.get("model"), t) for t in texts]
+        if None not in counts:
+            details = usage.get("output_tokens_details")
+            new = {**(details if isinstance(details, dict) else {})}
+            output = usage.get("output_tokens")
+            counted = sum(c or 0 for c in counts)
+            new["reasoning_tokens"] = min(counted, output) if isinstance(output, int) else counted
+            out = {**out, "usage": {**usage, "output_tokens_details": new}}
+        return out
 
     async def _add_reasoning_tokens(
         self, obj: dict[str, Any], texts: list[str], ex: Exchange, only_reasoning: bool
@@ -173,6 +201,10 @@ class Relay:
             self.metrics.ttft.labels(model, ex.worker),
             self.metrics.itl.labels(model, ex.worker),
         )
+        if plan.kind.shape is Shape.responses and plan.transform is not None:
+            async for chunk in self._responses_events(ex, plan.transform):
+                yield chunk
+            return
         reshape = plan.transform is not None or plan.strip_usage
         transformer = ChatStreamTransformer(plan.transform) if plan.transform else None
         buf = bytearray()
@@ -225,6 +257,32 @@ class Relay:
                     out += self._frame(ex, o)
         return bytes(out)
 
+    async def _responses_events(self, ex: Exchange, opts: TransformOptions) -> AsyncIterator[bytes]:
+        """A Responses event stream (``event:``/``data:`` blocks) the gateway splits."""
+        resp = ex.resp
+        assert resp is not None
+        t = ResponsesStreamTransformer(opts)
+        buf = bytearray()
+        try:
+            async for chunk in resp.iter_raw():
+                if b'"usage"' in chunk:
+                    self._stream_usage(ex, chunk)
+                buf += chunk
+                out = bytearray()
+                while (end := buf.find(b"\n\n")) >= 0:
+                    block = bytes(buf[:end])
+                    del buf[: end + 2]
+                    out += _responses_block(t, block)
+                if out:
+                    yield bytes(out)
+            tail = b"".join(_event(e, o) for e, o in t.finish())
+            if tail:
+                yield tail
+            ex.status = "200"
+        except UpstreamFailure as e:
+            ex.status = "upstream_error"
+            yield stream_error(ex, failure_error(e, "mid-stream"))
+
     @staticmethod
     def _frame(ex: Exchange, obj: dict[str, Any]) -> bytes:
         if ex.plan.strip_usage and "usage" in obj and not obj.get("choices"):
@@ -249,6 +307,29 @@ def stream_error(ex: Exchange, e: GatewayError) -> bytes:
     else:
         event = {"type": "error", "error": {"type": "api_error", "message": e.message}}
     return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
+def _event(event_type: str, obj: dict[str, Any]) -> bytes:
+    return b"event: " + event_type.encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
+
+
+def _responses_block(t: ResponsesStreamTransformer, block: bytes) -> bytes:
+    """One SSE block of a Responses stream through ``t`` (blocks it cannot read pass as is)."""
+    event_type, data = None, None
+    for line in block.split(b"\n"):
+        if line.startswith(b"event:"):
+            event_type = line[6:].strip().decode()
+        elif line.startswith(b"data:"):
+            data = line[5:].strip()
+    if event_type is None or data is None:
+        return block + b"\n\n"
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return block + b"\n\n"
+    if not isinstance(obj, dict):
+        return block + b"\n\n"
+    return b"".join(_event(e, o) for e, o in t.feed(event_type, obj))
 
 
 def _usage_of(obj: dict[str, Any]) -> object:
