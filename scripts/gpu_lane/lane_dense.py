@@ -279,7 +279,7 @@ async def _conversations(
     placed: dict[str, int] = {}
 
     async def one(c: int) -> None:
-        messages = [{"role": "user", "content": text_of(1200, seed + c)}]
+        messages = [{"role": "user", "content": text_of(450, seed + c)}]  # ~1.5K tokens
         for k in range(turns):
             url = gw if mode == "gpupool" else direct[(c + k) % len(direct)]
             body = {**chat(ctx.model, "", 24, stream=True), "messages": messages}
