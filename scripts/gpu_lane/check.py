@@ -35,6 +35,7 @@ import lane_dense  # noqa: E402
 import lane_gpu  # noqa: E402
 import lane_hybrid  # noqa: E402
 import lane_steps  # noqa: E402
+import lane_tput  # noqa: E402
 import report  # noqa: E402
 from lane_ctx import Ctx  # noqa: E402
 from lane_gateway import effective_config, prepare_model  # noqa: E402
@@ -69,7 +70,16 @@ HYBRID: list[Step] = [
     ("pitfall_warm", partial(lane_hybrid.first_requests, cache="warm"), 30, True),
     ("stop", lane_steps.stop, 0, False),
 ]
-PHASES = {"dense": DENSE, "hybrid": HYBRID}
+# the dense model again, for throughput alone: steady-state (closed loop, vLLM's token counters)
+THROUGHPUT: list[Step] = [
+    ("hardware", lane_steps.hardware, 5, False),
+    ("launch", lane_steps.launch, 120, False),
+    ("steady", lane_tput.steady, 120, True),
+    ("single", lane_tput.single, 60, True),
+    ("ttft", lane_dense.ttft, 10, True),
+    ("stop", lane_steps.stop, 0, False),
+]
+PHASES = {"dense": DENSE, "hybrid": HYBRID, "throughput": THROUGHPUT}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -4,6 +4,7 @@
 #   bash scripts/gpu_lane/check.sh dense    # the dense model: launch, routing, planner,
 #                                           # throughput, TTFT, faults, prefix affinity, stop
 #   bash scripts/gpu_lane/check.sh hybrid   # the hybrid MoE: planner, seed 000's pitfall
+#   bash scripts/gpu_lane/check.sh throughput  # the dense model: steady-state tokens/s only
 #
 # Environment: OUT (where the report goes; the device tool sets it), LANE_BUDGET_S (seconds for
 # the whole command, install included; default 560), LANE_SHAPE / LANE_CONFIG to override the
@@ -17,9 +18,9 @@ ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 dense_config=$here/configs/dense-1gpu.yaml
 [ "$ngpu" -ge 2 ] && dense_config=$here/configs/dense-2gpu.yaml
 case $phase in
-  dense)  shape=${LANE_SHAPE:-$here/models/dense-8b-like}; config=${LANE_CONFIG:-$dense_config} ;;
+  dense|throughput) shape=${LANE_SHAPE:-$here/models/dense-8b-like}; config=${LANE_CONFIG:-$dense_config} ;;
   hybrid) shape=${LANE_SHAPE:-$here/models/hybrid-moe-35b-a3b-like}; config=${LANE_CONFIG:-$here/configs/hybrid-1gpu.yaml} ;;
-  *) echo "usage: check.sh dense|hybrid" >&2; exit 2 ;;
+  *) echo "usage: check.sh dense|hybrid|throughput" >&2; exit 2 ;;
 esac
 if [ "${LANE_REHEARSAL:-0}" != 1 ]; then
   bash "$here/install.sh" || exit 1
