@@ -18,8 +18,8 @@ ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 dense_config=$here/configs/dense-1gpu.yaml
 [ "$ngpu" -ge 2 ] && dense_config=$here/configs/dense-2gpu.yaml
 case $phase in
-  dense|throughput) shape=${LANE_SHAPE:-$here/models/dense-8b-like}; config=${LANE_CONFIG:-$dense_config} ;;
-  hybrid) shape=${LANE_SHAPE:-$here/models/hybrid-moe-35b-a3b-like}; config=${LANE_CONFIG:-$here/configs/hybrid-1gpu.yaml} ;;
+  dense|throughput) shape=${LANE_SHAPE:-$here/shapes/dense-8b-like}; config=${LANE_CONFIG:-$dense_config} ;;
+  hybrid) shape=${LANE_SHAPE:-$here/shapes/hybrid-moe-35b-a3b-like}; config=${LANE_CONFIG:-$here/configs/hybrid-1gpu.yaml} ;;
   *) echo "usage: check.sh dense|hybrid|throughput" >&2; exit 2 ;;
 esac
 if [ "${LANE_REHEARSAL:-0}" != 1 ]; then

@@ -84,20 +84,36 @@ def pitfall_cell(r: dict[str, Any]) -> str:
     return "; ".join(cells) or "-"
 
 
+def throughput_cell(r: dict[str, Any]) -> str:
+    """Ratios gpupool/direct: wave rounds (fixed request count), steady state, one worker."""
+    cells = []
+    for key, label in (("throughput", "waves"), ("steady", "steady"), ("single", "one worker")):
+        t = _g(r, key) or {}
+        if t.get("rounds"):
+            ratios = ", ".join(f"{x['ratio']:.3f}" for x in t["rounds"])
+            cells.append(f"{label} {_f(t.get('ratio'), '{:.3f}')} ({ratios})")
+    return "; ".join(cells) or "-"
+
+
+def ready_cell(r: dict[str, Any]) -> str:
+    cold, warm = _g(r, "launch", "ready_after_s"), _g(r, "launch_warm", "ready_after_s")
+    return _f(cold) + (f" (warm cache {warm})" if warm is not None else "")
+
+
 def row(r: dict[str, Any], link: str) -> list[str]:
-    m, t, a = r.get("meta", {}), _g(r, "throughput") or {}, _g(r, "affinity") or {}
-    ratios = ", ".join(f"{x['ratio']:.3f}" for x in t.get("rounds", []))
+    m, a = r.get("meta", {}), _g(r, "affinity") or {}
     stop = _g(r, "stop") or {}
+    warm = compile_times(r, "launch_warm") if _g(r, "launch_warm") else ""
     return [
         m.get("date", "?"),
         m.get("phase", "?"),
         _f(_g(r, "hardware", "versions", "vllm")),
         gpu_name(r),
-        _f(_g(r, "launch", "ready_after_s")),
-        compile_times(r),
+        ready_cell(r),
+        compile_times(r) + (f"; warm cache: {warm}" if warm else ""),
         {True: "ok", False: "FAIL", None: "-"}[_g(r, "routing", "all_ok")],
         planner_cell(r),
-        f"{_f(t.get('ratio'), '{:.3f}')} ({ratios})" if t.get("rounds") else "-",
+        throughput_cell(r),
         _f(_g(r, "ttft", "p50_diff_ms"), "{:+.2f}"),
         kill_cell(r),
         _f(_g(r, "drain", "ready_after_restart_s"), "drained, back in {} s"),
