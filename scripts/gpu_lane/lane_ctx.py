@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import json
-import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,7 +83,7 @@ def versions() -> dict[str, str | None]:
             out[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             out[name] = None
-    out["python"] = os.sys.version.split()[0]  # type: ignore[attr-defined]
+    out["python"] = sys.version.split()[0]
     return out
 
 

@@ -120,7 +120,7 @@ def row(r: dict[str, Any], link: str) -> list[str]:
         {True: "yes", False: "NO", None: "-"}[stop.get("all_freed")],
         f"{_f(_g(a, 'gpupool', 'hit_rate'))} / {_f(_g(a, 'round-robin', 'hit_rate'))}",
         pitfall_cell(r),
-        f"[{link}]({link})",
+        f"[{link}]({link})" if link.endswith(".md") else link,
     ]
 
 
@@ -163,7 +163,7 @@ def render_phase(r: dict[str, Any]) -> str:
         f"model shape `{m.get('shape')}`, config `{m.get('config')}`; "
         f"elapsed {r.get('elapsed_s')} s of {m.get('budget_s')} s.",
         "",
-        table([(r, "(this file)")]),
+        table([(r, "this file")]),
         "",
     ]
     not_run = r.get("not_run") or {}
