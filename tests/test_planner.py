@@ -764,7 +764,7 @@ def test_plan_command_with_a_config_file(tmp_path: Path) -> None:
     local, hub = data["workers"]
     assert local["plan"]["gpu"]["memory_bytes"] == RTX_5090  # NVML size of its GPU 1
     assert local["findings"][0]["path"] == "workers[0].launch.args.gpu-memory-utilization"
-    assert hub["plan"] is None and "model config not available locally" in hub["skipped"]
+    assert hub["plan"] is None and "no config.json for `Qwen/X`; tried:" in hub["skipped"]
     # --model-config fills in for workers whose model is not a local directory
     result = run(
         ["--config", str(path), "--model-config", str(CONFIGS / "qwen3.5-9b"), "--json"], host

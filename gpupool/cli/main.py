@@ -1,4 +1,4 @@
-"""The ``gpupool`` command line: serve, check, sim, plan, gpus, status."""
+"""The ``gpupool`` command line: serve, check, sim, plan, gpus, init, status."""
 
 from __future__ import annotations
 
@@ -110,10 +110,11 @@ def new_key(name: str, tenant: str | None, admin: bool) -> None:
 
 
 def _register_optional() -> None:
+    from gpupool.cli.init import init
     from gpupool.workers.planner.cli import gpus, plan
     from gpupool.workers.sim.cli import sim
 
-    for command in (sim, plan, gpus):
+    for command in (sim, plan, gpus, init):
         cli.add_command(command)
 
 

@@ -63,15 +63,17 @@ def check_launch_config(
     *,
     index: int | None = None,
     gpu_memory_bytes: int | None = None,
+    warmed: bool = False,
 ) -> list[Finding]:
     """Findings for one launched worker, with paths under ``workers[<index>].launch``
-    (``workers[<name>]`` when no index is given). ``gpu_memory_bytes`` overrides NVML.
+    (``workers[<name>]`` when no index is given). ``gpu_memory_bytes`` overrides NVML;
+    ``warmed``: a larger card fills its Triton cache first (:func:`warmed_workers`).
 
     With a spec and GPU memory (discovered or given) this includes the memory plan's verdicts;
     with a spec alone, what needs no memory (head divisibility, the hybrid block size)."""
     findings = launch_findings(launch, gpus, spec)
     if spec is not None and not has_errors(findings):
-        findings += _spec_findings(launch, gpus, spec, gpu_memory_bytes)
+        findings += _spec_findings(launch, gpus, spec, gpu_memory_bytes, warmed)
     return [f.under(launch_path(worker_name, index)) for f in findings]
 
 
@@ -99,11 +101,15 @@ def launch_findings(
 
 
 def _spec_findings(
-    launch: LaunchConfig, gpus: Sequence[GpuInfo], spec: ModelSpec, memory: int | None
+    launch: LaunchConfig,
+    gpus: Sequence[GpuInfo],
+    spec: ModelSpec,
+    memory: int | None,
+    warmed: bool,
 ) -> list[Finding]:
     memory = memory or launch_gpu_memory(launch, gpus)
     try:
-        plan_args = plan_args_from_launch(launch.args, memory or 1)
+        plan_args = plan_args_from_launch(launch.args, memory or 1, triton_cache_warmed=warmed)
         if memory is None:
             return _static_findings(spec, plan_args)
         return list(plan_from_args(spec, plan_args).findings)
@@ -253,10 +259,37 @@ def check_config(
 ) -> list[Finding]:
     """Every launched worker (``specs`` by worker name) plus GPU sharing."""
     findings: list[Finding] = []
+    warmed = warmed_workers(config, gpus)
     for i, w in enumerate(config.workers):
         if w.launch is not None:
             spec = specs.get(w.name)
             findings += check_launch_config(
-                w.name, w.launch, gpus, spec, index=i, gpu_memory_bytes=gpu_memory_bytes
+                w.name,
+                w.launch,
+                gpus,
+                spec,
+                index=i,
+                gpu_memory_bytes=gpu_memory_bytes,
+                warmed=w.name in warmed,
             )
     return findings + check_gpu_sharing(config.workers)
+
+
+def warmed_workers(config: GpupoolConfig, gpus: Sequence[GpuInfo]) -> set[str]:
+    """Workers that start after a worker with a warm-up list on GPUs of the same compute
+    capability (seed 000): they share its Triton cache, filled before they launch. When NVML
+    found no GPU the architecture cannot be compared and ``start_after`` is trusted."""
+    by_name = {w.name: w for w in config.workers}
+    out: set[str] = set()
+    for w in config.workers:
+        if w.launch is None:
+            continue
+        arch = _archs(w.launch, gpus)
+        for dep in (by_name[n] for n in w.launch.start_after if n in by_name):
+            if dep.warmup and dep.launch is not None and _archs(dep.launch, gpus) == arch:
+                out.add(w.name)
+    return out
+
+
+def _archs(launch: LaunchConfig, gpus: Sequence[GpuInfo]) -> set[tuple[int, int]]:
+    return {g.compute_capability for g in launch_gpus(launch, gpus)}

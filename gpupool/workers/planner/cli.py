@@ -34,7 +34,8 @@ from gpupool.workers.planner.render import (
     worker_plan_renderables,
     worker_plans_to_dict,
 )
-from gpupool.workers.planner.workers import WorkerPlan, load_worker_specs, plan_workers
+from gpupool.workers.planner.resolve import resolve_model
+from gpupool.workers.planner.workers import WorkerPlan, plan_workers, resolve_worker_models
 
 
 @dataclass
@@ -86,6 +87,8 @@ Examples:
   # seed 001: the 122B-A10B in FP8 on two H100s
   gpupool plan --model-config config.json --gpu-memory-gb 80 --quantization fp8 \\
       --tensor-parallel-size 2 --max-model-len 32768
+  # a repo id: the HF cache, the Hub (config.json only) or a built-in shape
+  gpupool plan --model Qwen/Qwen3.5-27B --gpu-memory-gb 79.2 --quantization fp8
   # every launched worker of a config, GPU memory from NVML
   gpupool plan --config gpupool.yaml
   gpupool plan --config gpupool.yaml --gpu-memory-gb 32 --json
@@ -110,6 +113,12 @@ _ARG_OPTIONS = (
 
 
 @click.command("plan", epilog=PLAN_EPILOG)
+@click.option(
+    "--model",
+    "model_ref",
+    help="A Hugging Face repo id or a model directory: its "
+    "config.json from the HF cache, the Hub (config.json only) or a built-in shape.",
+)
 @click.option("--model-config", type=click.Path(exists=True),
               help="A model's config.json, or the directory holding it.")  # fmt: skip
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False),
@@ -132,8 +141,8 @@ _ARG_OPTIONS = (
 @click.pass_context
 def plan(ctx: click.Context, /, **opts: Any) -> None:
     """Plan GPU memory for a vLLM worker: weights, overhead, KV cache, concurrency, verdict."""
-    if not opts["model_config"] and not opts["config_path"]:
-        raise click.UsageError("give --model-config or --config")
+    if not (opts["model_config"] or opts["config_path"] or opts["model_ref"]):
+        raise click.UsageError("give --model, --model-config or --config")
     overrides = {k: opts[k] for k in _ARG_OPTIONS if opts[k] is not None}
     memory = round(opts["gpu_memory_gb"] * GiB) if opts["gpu_memory_gb"] else None
     try:
@@ -149,7 +158,13 @@ def plan(ctx: click.Context, /, **opts: Any) -> None:
 def _plan_model(
     ctx: click.Context, opts: dict[str, Any], overrides: dict[str, Any], memory: int | None
 ) -> bool:
-    spec = load_model_spec(opts["model_config"])
+    if opts["model_config"]:
+        spec = load_model_spec(opts["model_config"])
+    else:
+        resolved = resolve_model(opts["model_ref"])
+        spec = resolved.spec
+        if not opts["as_json"]:
+            click.echo(f"model shape from {resolved.source}")
     if memory is None:
         memory = _nvml_memory(ctx, overrides)
     args = plan_args_from_launch({}, memory, overrides, overhead_fraction=opts["overhead_fraction"])
@@ -182,7 +197,7 @@ def _plan_config(
     fallback: ModelSpec | None = None
     if opts["model_config"]:
         fallback = load_model_spec(opts["model_config"])
-    specs = load_worker_specs(config, fallback)
+    specs = resolve_worker_models(config, fallback)
     found = _deps(ctx).discover()
     plans, shared = plan_workers(
         config,

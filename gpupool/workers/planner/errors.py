@@ -4,6 +4,7 @@
 
     PlannerError                 anything the planner cannot work with
     ├── ModelConfigError         config.json unreadable, not JSON, or missing a required field
+    │   └── ModelNotFoundError   no config.json anywhere: local path, HF cache, Hub, built-in
     └── PlanArgsError            an argument value it cannot interpret (``--max-model-len x``)
 """
 
@@ -16,6 +17,10 @@ class PlannerError(Exception):
 
 class ModelConfigError(PlannerError):
     """The model's ``config.json`` cannot be read into a :class:`ModelSpec`."""
+
+
+class ModelNotFoundError(ModelConfigError):
+    """No ``config.json`` for a model reference; the message names every place tried."""
 
 
 class PlanArgsError(PlannerError):

@@ -102,6 +102,7 @@ def plan_args_from_launch(
     overrides: Mapping[str, Any] | None = None,
     *,
     overhead_fraction: float | None = None,
+    triton_cache_warmed: bool = False,
 ) -> PlanArgs:
     """:class:`PlanArgs` from a launch's ``args`` (``overrides`` win, same key rules)."""
     a = normalize_args({**normalize_args(args), **normalize_args(overrides or {})})
@@ -123,4 +124,5 @@ def plan_args_from_launch(
         mamba_cache_dtype=_opt_str(a.get("mamba-cache-dtype")),
         mamba_ssm_cache_dtype=_opt_str(a.get("mamba-ssm-cache-dtype")),
         overhead_fraction=overhead_fraction,
+        triton_cache_warmed=triton_cache_warmed,
     )

@@ -32,6 +32,7 @@ class PlanArgs:
     mamba_cache_dtype: str | None = None
     mamba_ssm_cache_dtype: str | None = None
     overhead_fraction: float | None = None  # seed 001's 15-20 % rule instead of the estimate
+    triton_cache_warmed: bool = False  # a larger same-architecture card warms the cache first
 
 
 @dataclass(frozen=True, slots=True)

@@ -102,6 +102,7 @@ def worker_plans_to_dict(plans: Sequence[WorkerPlan], shared: Sequence[Finding])
             "name": w.name,
             "plan": plan_to_dict(w.plan) if w.plan else None,
             "skipped": w.skipped,
+            "model_source": w.model_source,
             "findings": [f.to_dict() for f in w.findings],
         }
         for w in plans
@@ -249,6 +250,8 @@ def findings_text(findings: Sequence[Finding]) -> RenderableType:
 
 def worker_plan_renderables(w: WorkerPlan) -> list[RenderableType]:
     out: list[RenderableType] = [Text(f"workers[{w.index}] {w.name}", style="bold")]
+    if w.model_source:
+        out.append(Text(f"model shape from {w.model_source}", style="dim"))
     if w.plan is not None:
         out.append(plan_table(w.plan))
     else:

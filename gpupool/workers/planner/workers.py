@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpupool.config.models import GpupoolConfig, LaunchConfig, WorkerConfig
@@ -15,13 +14,15 @@ from gpupool.workers.planner.checks import (
     launch_findings,
     launch_gpu_memory,
     launch_path,
+    warmed_workers,
 )
 from gpupool.workers.planner.errors import PlannerError
 from gpupool.workers.planner.findings import Finding
 from gpupool.workers.planner.launch_args import plan_args_from_launch
-from gpupool.workers.planner.model_spec import ModelSpec, load_model_spec
+from gpupool.workers.planner.model_spec import ModelSpec
 from gpupool.workers.planner.plan import Plan
 from gpupool.workers.planner.planning import plan_from_args
+from gpupool.workers.planner.resolve import HubFiles, ResolvedModel, resolve_model
 
 NO_GPU_MEMORY = (
     "GPU memory unknown: no NVIDIA GPU found (NVML not available) for its `gpus`; "
@@ -36,36 +37,42 @@ class WorkerPlan:
     plan: Plan | None
     skipped: str | None  # why there is no plan
     findings: tuple[Finding, ...] = ()
-
-
-def local_config_json(launch: LaunchConfig) -> Path | None:
-    """``<model_path>/config.json`` when ``model_path`` is a local directory holding one."""
-    path = Path(launch.model_path).expanduser() / "config.json"
-    return path if path.is_file() else None
+    model_source: str | None = None  # where the model's shape came from
 
 
 def load_worker_specs(
-    config: GpupoolConfig, fallback: ModelSpec | None = None
+    config: GpupoolConfig, fallback: ModelSpec | None = None, *, hub: HubFiles | None = None
 ) -> dict[str, ModelSpec | str]:
-    """Each launched worker's spec, or the reason there is none (reads config.json files)."""
-    out: dict[str, ModelSpec | str] = {}
+    """Each launched worker's spec, or the reason there is none."""
+    resolved = resolve_worker_models(config, fallback, hub=hub)
+    return {k: v.spec if isinstance(v, ResolvedModel) else v for k, v in resolved.items()}
+
+
+def resolve_worker_models(
+    config: GpupoolConfig, fallback: ModelSpec | None = None, *, hub: HubFiles | None = None
+) -> dict[str, ResolvedModel | str]:
+    """Each launched worker's model (``fallback`` wins when given), or why there is none.
+
+    The worker's ``model_path`` is resolved like vLLM does (local path, Hugging Face cache, the
+    Hub's config.json); its served ``model`` name helps find a built-in shape."""
+    out: dict[str, ResolvedModel | str] = {}
+    found: dict[tuple[str, str], ResolvedModel | str] = {}
     for w in config.workers:
-        if w.launch is not None:
-            out[w.name] = _worker_spec(w.launch, fallback)
+        if w.launch is None:
+            continue
+        if fallback is not None:
+            out[w.name] = ResolvedModel(fallback, "--model-config")
+            continue
+        key = (w.launch.model_path, w.model)
+        if key not in found:
+            found[key] = _resolve(w.launch, w.model, hub)
+        out[w.name] = found[key]
     return out
 
 
-def _worker_spec(launch: LaunchConfig, fallback: ModelSpec | None) -> ModelSpec | str:
-    path = local_config_json(launch)
-    if path is None:
-        if fallback is not None:
-            return fallback
-        return (
-            f"model config not available locally (`{launch.model_path}` is not a local "
-            "directory with a config.json); pass --model-config"
-        )
+def _resolve(launch: LaunchConfig, served: str, hub: HubFiles | None) -> ResolvedModel | str:
     try:
-        return load_model_spec(path)
+        return resolve_model(launch.model_path, hint=served, hub=hub)
     except PlannerError as e:
         return str(e)
 
@@ -73,7 +80,7 @@ def _worker_spec(launch: LaunchConfig, fallback: ModelSpec | None) -> ModelSpec 
 def plan_workers(
     config: GpupoolConfig,
     gpus: Sequence[GpuInfo],
-    specs: Mapping[str, ModelSpec | str],
+    specs: Mapping[str, ModelSpec | ResolvedModel | str],
     *,
     gpu_memory_bytes: int | None = None,
     overrides: Mapping[str, Any] | None = None,
@@ -82,15 +89,27 @@ def plan_workers(
     """One :class:`WorkerPlan` per launched worker, and the GPU-sharing findings."""
     plans: list[WorkerPlan] = []
     launched: list[WorkerConfig] = []
+    warmed = warmed_workers(config, gpus)
     for i, w in enumerate(config.workers):
         if w.launch is None:
             continue
         launch = w.launch.model_copy(update={"args": {**w.launch.args, **(overrides or {})}})
         launched.append(w.model_copy(update={"launch": launch}))
-        spec = specs.get(w.name, "model config not available locally")
-        plans.append(
-            _worker_plan(i, w.name, launch, gpus, spec, gpu_memory_bytes, overhead_fraction)
+        spec = specs.get(w.name, "model config not available")
+        source = spec.source if isinstance(spec, ResolvedModel) else None
+        if isinstance(spec, ResolvedModel):
+            spec = spec.spec
+        made = _worker_plan(
+            i,
+            w.name,
+            launch,
+            gpus,
+            spec,
+            gpu_memory_bytes,
+            overhead_fraction,
+            warmed=w.name in warmed,
         )
+        plans.append(replace(made, model_source=source))
     return plans, check_gpu_sharing(launched)
 
 
@@ -102,6 +121,8 @@ def _worker_plan(
     spec: ModelSpec | str,
     memory: int | None,
     overhead_fraction: float | None,
+    *,
+    warmed: bool = False,
 ) -> WorkerPlan:
     prefix = launch_path(name, index)
     if not isinstance(spec, ModelSpec):
@@ -110,10 +131,12 @@ def _worker_plan(
     base = [f.under(prefix) for f in launch_findings(launch, gpus, spec)]
     memory = memory or launch_gpu_memory(launch, gpus)
     if memory is None:
-        findings = check_launch_config(name, launch, gpus, spec, index=index)
+        findings = check_launch_config(name, launch, gpus, spec, index=index, warmed=warmed)
         return WorkerPlan(index, name, None, NO_GPU_MEMORY, tuple(findings))
     try:
-        args = plan_args_from_launch(launch.args, memory, overhead_fraction=overhead_fraction)
+        args = plan_args_from_launch(
+            launch.args, memory, overhead_fraction=overhead_fraction, triton_cache_warmed=warmed
+        )
         plan = plan_from_args(spec, args)
     except PlannerError as e:
         return WorkerPlan(index, name, None, str(e), tuple(base))
