@@ -34,6 +34,7 @@ sys.path.insert(0, str(HERE.parent))  # make_tiny_models, for a tokenizer when n
 import lane_dense  # noqa: E402
 import lane_gpu  # noqa: E402
 import lane_hybrid  # noqa: E402
+import lane_init  # noqa: E402
 import lane_steps  # noqa: E402
 import lane_tput  # noqa: E402
 import report  # noqa: E402
@@ -79,7 +80,17 @@ THROUGHPUT: list[Step] = [
     ("ttft", lane_dense.ttft, 10, True),
     ("stop", lane_steps.stop, 0, False),
 ]
-PHASES = {"dense": DENSE, "hybrid": HYBRID, "throughput": THROUGHPUT}
+# `gpupool init` on the machine's GPUs (NVML) for the dense model, then served as written
+INIT: list[Step] = [
+    ("init", lane_init.init, 5, False),
+    ("hardware", lane_steps.hardware, 5, False),
+    ("plan", lane_steps.plan, 5, False),
+    ("launch", lane_steps.launch, 120, False),
+    ("request", lane_init.request, 5, True),
+    ("planner", lane_steps.planner, 0, False),
+    ("stop", lane_steps.stop, 0, False),
+]
+PHASES = {"dense": DENSE, "hybrid": HYBRID, "throughput": THROUGHPUT, "init": INIT}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
