@@ -4,7 +4,8 @@ Each report under ``docs/gpu/`` keeps the model's ``config.json`` (``meta.model_
 gpupool config the run served (``meta.effective_config``), the GPU's NVML total and what vLLM
 logged for every worker (``Available KV cache memory``, ``GPU KV cache size``). Planning the same
 model with the same flags on the same GPU size must land within 2 % of vLLM's KV bytes and tokens
-(issue 13's target), for the dense model and for the hybrid MoE.
+(issue 13's target), for the dense model, for the hybrid MoE and for the config ``gpupool init``
+wrote on the H200 itself.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ RUNS = [
     ("2026-12-01-1216-dense.json", "big"),
     ("2026-12-01-1216-dense.json", "small"),
     ("2026-12-01-1224-hybrid.json", "h35"),
+    ("2026-12-01-1253-init.json", "h200-gpu0"),  # the config `gpupool init` wrote on the H200
 ]
 
 
