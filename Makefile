@@ -6,7 +6,7 @@ VLLM_VENV := .venv-vllm
 MODELS := .models
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck unit vllm-setup models ops-deps bench-deps bench clean
+.PHONY: install run test lint typecheck unit vllm-setup models ops-deps bench-deps bench gpu-bundle clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -51,6 +51,10 @@ bench-deps:
 
 bench: install bench-deps
 	$(BIN)/python bench/run.py
+
+# The offline vLLM + gpupool bundle for the H200 lane, in parts under .gpu/ (scripts/gpu_lane/README.md)
+gpu-bundle: install
+	PYTHON=$(BIN)/python bash scripts/gpu_lane/make_bundle.sh .gpu
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(MODELS) .gpupool .mypy_cache .ruff_cache .pytest_cache

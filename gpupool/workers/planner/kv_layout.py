@@ -12,12 +12,21 @@ Mirrors vLLM v1 (``platforms/interface.py::_align_hybrid_block_size``,
   (the smaller layer count, or the larger when within 1.5x: 10 full + 30 linear → 4 groups of
   10); one block costs ``page x group_size`` bytes and serves one group.
 - A request at ``max_model_len`` needs ``ceil(max_model_len / block)`` blocks in each attention
-  group and one block per mamba group (its recurrent state).
+  group and, per mamba group, what ``MambaSpec.max_memory_usage_bytes`` asks for: 2 blocks when
+  prefix caching is on (``mamba_cache_mode="align"``, set by ``MambaModelConfig`` whenever prefix
+  caching is enabled: the running state plus the last block-aligned one), 1 without it
+  (``"none"``). vLLM 0.32 turns prefix caching on by default for hybrids
+  (``ModelConfig.is_prefix_caching_supported``); older releases (seed 004's 0.25.1) left it off.
 - vLLM logs ``Maximum concurrency = num_blocks / blocks_per_request`` and
-  ``GPU KV cache size = concurrency x max_model_len`` tokens.
+  ``GPU KV cache size = concurrency x max_model_len`` tokens
+  (``kv_cache_utils.get_max_concurrency_for_kv_cache_config``).
 
-Checked against seed 004 (Qwen3.6-35B-A3B, fp8 KV, 180224 tokens): 64.36 GiB → 3219 blocks of
-10 x 2,146,304 bytes, 89 blocks per request, 36.17x and 6,518,438 tokens, as vLLM logged.
+Checked against seed 004 (Qwen3.6-35B-A3B, fp8 KV, 180224 tokens, prefix caching off):
+64.36 GiB → 3219 blocks of 10 x 2,146,304 bytes, 86 + 3 = 89 blocks per request, 36.17x and
+6,518,438 tokens, as vLLM logged; and against the H200 run of 2026-12-01 (vLLM 0.26.0, a
+Qwen3.5-35B-A3B-shaped model, ``--enable-prefix-caching``, 131072 tokens): 69.88 GiB → 6735
+blocks of 10 x 1,114,112 bytes, 241 + 3 x 2 = 247 blocks per request, 27.27x and 3,573,967
+tokens, as vLLM logged (1 block per mamba group would have said 27.60x).
 """
 
 from __future__ import annotations
@@ -26,9 +35,10 @@ import math
 from dataclasses import dataclass
 
 DEFAULT_KERNEL_BLOCK = 16
-MAMBA_BLOCKS_PER_REQUEST = 1
-"""Blocks a request holds per mamba group. Seed 004's log (v0.25.1, prefix caching on) fits 1;
-some vLLM versions reserve 2 in prefix-caching "align" mode (about 3 % fewer sequences)."""
+MAMBA_BLOCKS_NONE = 1
+"""Blocks a request holds per mamba group without prefix caching (``mamba_cache_mode="none"``)."""
+MAMBA_BLOCKS_ALIGN = 2
+"""... with prefix caching (``"align"``): the running state and the last block-aligned one."""
 _GROUP_SLACK = 1.5
 
 
@@ -40,6 +50,7 @@ class KvLayout:
     attention_groups: int
     mamba_groups: int
     mamba_page_bytes: int = 0  # unpadded Gated DeltaNet state of one layer
+    mamba_blocks: int = MAMBA_BLOCKS_NONE  # blocks per request in each mamba group
 
     @property
     def block_bytes(self) -> int:
@@ -47,7 +58,7 @@ class KvLayout:
 
     def blocks_per_request(self, max_model_len: int) -> int:
         attention = self.attention_groups * math.ceil(max_model_len / self.block_size)
-        return attention + self.mamba_groups * MAMBA_BLOCKS_PER_REQUEST
+        return attention + self.mamba_groups * self.mamba_blocks
 
     def bytes_per_request(self, max_model_len: int) -> int:
         return self.blocks_per_request(max_model_len) * self.block_bytes
@@ -68,7 +79,10 @@ def hybrid_layout(
     full_layers: int,
     linear_layers: int,
     align: int,
+    *,
+    prefix_caching: bool = False,
 ) -> KvLayout:
+    """The hybrid layout; ``prefix_caching`` puts vLLM's mamba cache in "align" mode."""
     block = hybrid_block_size(mamba_page_bytes, attn_bytes_per_token, align)
     size = _group_size(full_layers, linear_layers)
     return KvLayout(
@@ -78,6 +92,7 @@ def hybrid_layout(
         attention_groups=math.ceil(full_layers / size),
         mamba_groups=math.ceil(linear_layers / size),
         mamba_page_bytes=mamba_page_bytes,
+        mamba_blocks=MAMBA_BLOCKS_ALIGN if prefix_caching else MAMBA_BLOCKS_NONE,
     )
 
 
@@ -104,7 +119,7 @@ def kv_capacity(layout: KvLayout, kv_budget_bytes: int, max_model_len: int) -> K
 def longest_fitting_len(layout: KvLayout, kv_budget_bytes: int) -> int:
     """The longest max-model-len whose one request fits (vLLM's auto-fit), 0 if none."""
     blocks = max(0, kv_budget_bytes) // layout.block_bytes
-    attention_blocks = blocks - layout.mamba_groups * MAMBA_BLOCKS_PER_REQUEST
+    attention_blocks = blocks - layout.mamba_groups * layout.mamba_blocks
     if attention_blocks < layout.attention_groups:
         return 0
     return (attention_blocks // layout.attention_groups) * layout.block_size

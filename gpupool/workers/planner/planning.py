@@ -118,7 +118,12 @@ def kv_layout_for(spec: ModelSpec, kv_bytes: float, args: PlanArgs) -> KvLayout:
     _, ssm = state_dtype(ssm_requested, base)
     mamba = linear_state_bytes_layer(spec.linear, tp, conv, ssm)
     return hybrid_layout(
-        per_token, mamba, spec.full_attention_layers, spec.linear_attention_layers, align
+        per_token,
+        mamba,
+        spec.full_attention_layers,
+        spec.linear_attention_layers,
+        align,
+        prefix_caching=args.enable_prefix_caching,
     )
 
 
