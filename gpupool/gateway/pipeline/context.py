@@ -23,7 +23,8 @@ _FALSE = frozenset({"0", "false", "no", "off", ""})
 
 
 def build_context(incoming: Incoming, req: Parsed) -> Context:
-    priority = _priority_header(incoming)
+    ours = {k: v.decode("latin-1") for k, v in incoming.headers if k.startswith(b"x-gpupool-")}
+    priority = _priority_header(ours) if ours else None
     if priority is None:
         priority = req.priority or 0
     allowed = incoming.priority_range()
@@ -32,14 +33,16 @@ def build_context(incoming: Incoming, req: Parsed) -> Context:
     headers = incoming.forward_headers()
     headers["content-type"] = "application/json"
     headers["x-request-id"] = incoming.request_id
+    if not ours:
+        return Context(incoming.request_id, incoming.tenant(), priority, None, headers)
     return Context(
-        incoming.request_id, incoming.tenant(), priority, _max_wait(incoming), headers,
-        _flag(incoming, QUEUE_EVENTS),
+        incoming.request_id, incoming.tenant(), priority, _max_wait(ours), headers,
+        _flag(ours, QUEUE_EVENTS),
     )  # fmt: skip
 
 
-def _number(incoming: Incoming, name: bytes) -> float | None:
-    value = incoming.header(name)
+def _number(ours: dict[bytes, str], name: bytes) -> float | None:
+    value = ours.get(name)
     if value is None:
         return None
     try:
@@ -51,8 +54,8 @@ def _number(incoming: Incoming, name: bytes) -> float | None:
     return number
 
 
-def _priority_header(incoming: Incoming) -> int | None:
-    number = _number(incoming, PRIORITY)
+def _priority_header(ours: dict[bytes, str]) -> int | None:
+    number = _number(ours, PRIORITY)
     if number is None:
         return None
     if number != int(number) or abs(number) > PRIORITY_BOUND:
@@ -63,15 +66,15 @@ def _priority_header(incoming: Incoming) -> int | None:
     return int(number)
 
 
-def _max_wait(incoming: Incoming) -> float | None:
-    number = _number(incoming, MAX_WAIT)
+def _max_wait(ours: dict[bytes, str]) -> float | None:
+    number = _number(ours, MAX_WAIT)
     if number is not None and number < 0:
         raise InvalidBody(f"Header `{MAX_WAIT.decode()}` must be 0 or more seconds.")
     return number
 
 
-def _flag(incoming: Incoming, name: bytes) -> bool:
-    value = incoming.header(name)
+def _flag(ours: dict[bytes, str], name: bytes) -> bool:
+    value = ours.get(name)
     if value is None:
         return False
     v = value.strip().lower()

@@ -22,6 +22,7 @@ DROP_REQUEST = frozenset(
         "x-gpupool-priority",
         "x-gpupool-max-wait",
         "x-gpupool-tenant",
+        "x-gpupool-queue-events",
         "cookie",
     }
 )
