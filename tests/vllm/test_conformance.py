@@ -21,7 +21,6 @@ how the suite was run against today's main: a main gateway in front of these sam
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -41,6 +40,9 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 PARSED, SPLIT = "tiny-p", "tiny"
 WINDOW = 2048
+# Issue 12's item 2 (a queued stream that times out is a real 429 the SDK retries) is tested in
+# tests/test_queue_e2e.py with simulated workers: a tiny model on vLLM generates too fast to hold
+# its slots long enough for a request to time out behind them.
 ENV_GATEWAY = "GPUPOOL_CONFORMANCE_GATEWAY"
 ENV_WORKERS = "GPUPOOL_CONFORMANCE_WORKERS"
 
@@ -457,12 +459,18 @@ def test_responses_stream_gateway_split_gives_reasoning_events(stack: Stack) -> 
     ours, theirs = _pair(stack, "/v1/responses", body, SPLIT)
 
     def events(r: httpx.Response) -> list[tuple[str, Any]]:
-        out = []
+        """(event, delta) in order; consecutive deltas of one kind joined, since vLLM merges
+        tokens into one event when its reader lags (boundaries differ between two runs)."""
+        out: list[tuple[str, Any]] = []
         for block in r.text.split("\n\n"):
             lines = dict(line.split(": ", 1) for line in block.split("\n") if ": " in line)
             if "event" in lines:
                 obj = httpx.Response(200, content=lines["data"]).json()
-                out.append((lines["event"], obj.get("delta")))
+                kind, delta = lines["event"], obj.get("delta")
+                if out and kind.endswith(".delta") and out[-1][0] == kind:
+                    out[-1] = (kind, out[-1][1] + delta)
+                else:
+                    out.append((kind, delta))
         return out
 
     assert events(ours) == events(theirs)
@@ -475,26 +483,8 @@ def test_anthropic_messages_and_count_tokens(stack: Stack) -> None:
         client = anthropic.Anthropic(base_url=base, api_key="x", max_retries=0, timeout=120)
         msgs: Any = [{"role": "user", "content": "hello there"}]
         reply = client.messages.create(model=model, max_tokens=16, messages=msgs,
-                                       temperature=0)  # fmt: skip
+                                       extra_body={"temperature": 0})  # fmt: skip
         count = client.messages.count_tokens(model=model, messages=msgs).input_tokens
         return [(b.type, getattr(b, "text", None)) for b in reply.content], count
 
     assert ask(stack.gw, PARSED) == ask(stack.parsed, PARSED)
-
-
-def test_queued_stream_timeout_is_a_real_429(stack: Stack) -> None:
-    """Item 2: a stream that times out in gpupool's queue is a 429 with ``Retry-After`` that
-    SDKs retry, like a non-streamed one, not a 200 with an error event inside."""
-    busy = {"model": PARSED, "messages": MSG, "max_tokens": 400, "ignore_eos": True,
-            "stream": True}  # fmt: skip
-    with contextlib.ExitStack() as hold:
-        client = hold.enter_context(httpx.Client(timeout=120))
-        for _ in range(4):  # the worker's capacity (max-num-seqs 4)
-            r = hold.enter_context(client.stream("POST", stack.gw + "/v1/chat/completions",
-                                                 json=busy))  # fmt: skip
-            next(r.iter_raw())  # admitted and generating
-        sdk = stack.client(stack.gw).with_options(default_headers={"x-gpupool-max-wait": "0.5"})
-        with pytest.raises(openai.RateLimitError) as e:
-            list(sdk.chat.completions.create(model=PARSED, messages=MSG, max_tokens=4,  # type: ignore[call-overload]
-                                             stream=True))  # fmt: skip
-        assert e.value.response.headers.get("retry-after")
