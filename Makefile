@@ -6,7 +6,7 @@ VLLM_VENV := .venv-vllm
 MODELS := .models
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck unit vllm-setup models ops-deps bench clean
+.PHONY: install run test lint typecheck unit vllm-setup models ops-deps bench bench-routing clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -46,6 +46,10 @@ test: install lint typecheck models ops-deps
 
 bench: install
 	$(BIN)/python bench/run.py
+
+# Routing quality on real vLLM (needs `make models`' .venv-vllm); ARGS: see bench/routing/run.py.
+bench-routing: install
+	$(BIN)/python bench/routing/run.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(MODELS) .gpupool .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,87 @@
+"""The routers under test, all in front of the same vLLM workers: gpupool and the peers' policies.
+
+gpupool gets the workers as ``url:`` workers with ``max_inflight`` equal to vLLM's
+``--max-num-seqs`` (what it would read itself from a launched worker's flags). The peers are the
+Rust routers from PyPI (``bench/.venvs/``, installed on first use as ``make bench`` does), one
+process per policy: vllm-router ``cache_aware``, ``consistent_hash`` and ``round_robin``, and
+sglang-router ``cache_aware``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+import yaml
+from pool import SERVED, Worker
+from rig import PY, Proc, ensure_venv, free_port, pip_version
+
+PEER_SPECS = {"vllm-router": "vllm-router==0.1.17", "sglang-router": "sglang-router==0.3.2"}
+ALL = (
+    "gpupool",
+    "vllm-router:cache_aware",
+    "vllm-router:consistent_hash",
+    "vllm-router:round_robin",
+    "sglang-router:cache_aware",
+)
+
+
+@dataclass
+class Router:
+    name: str
+    port: int
+    proc: Proc
+    version: str
+    ready_path: str
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def _gpupool(workers: list[Worker], tmp: Path, cpus: str) -> Router:
+    port = free_port()
+    cfg = {
+        "server": {"host": "127.0.0.1", "port": port, "access_log": False,
+                   "state_dir": str(tmp / "gpupool-state")},
+        "models": [{"name": SERVED}],
+        "workers": [
+            {"name": w.name, "model": SERVED, "url": w.url, "max_inflight": w.spec.max_num_seqs}
+            for w in workers
+        ],
+        "queue": {"max_queued": 10_000, "max_wait_s": 600},
+    }  # fmt: skip
+    path = tmp / "gpupool.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    argv = [str(PY), "-m", "gpupool", "serve", "--config", str(path)]
+    proc = Proc("gpupool", argv, cpus, tmp / "gpupool.log")  # type: ignore[arg-type]
+    return Router("gpupool", port, proc, metadata.version("gpupool"), "/ready")
+
+
+def _peer(name: str, workers: list[Worker], tmp: Path, logs: Path, cpus: str) -> Router:
+    binary, policy = name.split(":")
+    exe = ensure_venv(binary, PEER_SPECS[binary], binary, logs / f"install-{binary}.log")
+    port = free_port()
+    argv = [str(exe)] + (["launch"] if binary == "sglang-router" else [])
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--worker-urls",
+             *[w.url for w in workers], "--policy", policy,
+             "--prometheus-port", str(free_port()),
+             "--log-level", "warn" if binary == "sglang-router" else "warning"]  # fmt: skip
+    log = tmp / f"{name.replace(':', '-')}.log"
+    proc = Proc(name, argv, cpus, log)  # type: ignore[arg-type]
+    return Router(name, port, proc, pip_version(exe, binary), "/health")
+
+
+def build(
+    names: list[str], workers: list[Worker], tmp: Path, logs: Path, cpus: str
+) -> list[Router]:
+    out = []
+    for name in names:
+        if name == "gpupool":
+            out.append(_gpupool(workers, tmp, cpus))
+        elif name.split(":")[0] in PEER_SPECS:
+            out.append(_peer(name, workers, tmp, logs, cpus))
+        else:
+            raise SystemExit(f"unknown router {name!r} (known: {', '.join(ALL)})")
+    return out
