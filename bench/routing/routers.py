@@ -4,18 +4,20 @@ gpupool gets the workers as ``url:`` workers with ``max_inflight`` equal to vLLM
 ``--max-num-seqs`` (what it would read itself from a launched worker's flags). The peers are the
 Rust routers from PyPI (``bench/.venvs/``, installed on first use as ``make bench`` does), one
 process per policy: vllm-router ``cache_aware``, ``consistent_hash`` and ``round_robin``, and
-sglang-router ``cache_aware``.
+sglang-router ``cache_aware``. ``gpupool@REV`` runs another revision's routing (``git archive``)
+beside the current one, to measure what a policy change bought.
 """
 
 from __future__ import annotations
 
+import subprocess
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 import yaml
 from pool import SERVED, Worker
-from rig import PY, Proc, ensure_venv, free_port, pip_version
+from rig import PY, ROOT, Proc, ensure_venv, free_port, pip_version
 
 PEER_SPECS = {"vllm-router": "vllm-router==0.1.17", "sglang-router": "sglang-router==0.3.2"}
 ALL = (
@@ -40,11 +42,13 @@ class Router:
         return f"http://127.0.0.1:{self.port}"
 
 
-def _gpupool(workers: list[Worker], tmp: Path, cpus: str) -> Router:
+def _gpupool(workers: list[Worker], tmp: Path, cpus: str, base: Path | None = None) -> Router:
+    """``base``: a directory holding another revision's ``gpupool/`` package to run instead."""
+    name = "gpupool" if base is None else f"gpupool@{base.name}"
     port = free_port()
     cfg = {
         "server": {"host": "127.0.0.1", "port": port, "access_log": False,
-                   "state_dir": str(tmp / "gpupool-state")},
+                   "state_dir": str(tmp / f"{name}-state")},
         "models": [{"name": SERVED}],
         "workers": [
             {"name": w.name, "model": SERVED, "url": w.url, "max_inflight": w.spec.max_num_seqs}
@@ -52,11 +56,12 @@ def _gpupool(workers: list[Worker], tmp: Path, cpus: str) -> Router:
         ],
         "queue": {"max_queued": 10_000, "max_wait_s": 600},
     }  # fmt: skip
-    path = tmp / "gpupool.yaml"
+    path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     argv = [str(PY), "-m", "gpupool", "serve", "--config", str(path)]
-    proc = Proc("gpupool", argv, cpus, tmp / "gpupool.log")  # type: ignore[arg-type]
-    return Router("gpupool", port, proc, metadata.version("gpupool"), "/ready")
+    env = {"PYTHONPATH": str(base)} if base is not None else {}
+    proc = Proc(name, argv, cpus, tmp / f"{name}.log", env=env)  # type: ignore[arg-type]
+    return Router(name, port, proc, metadata.version("gpupool"), "/ready")
 
 
 def _peer(name: str, workers: list[Worker], tmp: Path, logs: Path, cpus: str) -> Router:
@@ -73,6 +78,16 @@ def _peer(name: str, workers: list[Worker], tmp: Path, logs: Path, cpus: str) ->
     return Router(name, port, proc, pip_version(exe, binary), "/health")
 
 
+def baseline(rev: str, tmp: Path) -> Path:
+    """Another revision's ``gpupool/`` package in ``tmp/<rev>`` (router ``gpupool@rev``)."""
+    out = tmp / rev
+    out.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "gpupool"],
+                             check=True, capture_output=True).stdout  # fmt: skip
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
+    return out
+
+
 def build(
     names: list[str], workers: list[Worker], tmp: Path, logs: Path, cpus: str
 ) -> list[Router]:
@@ -80,6 +95,8 @@ def build(
     for name in names:
         if name == "gpupool":
             out.append(_gpupool(workers, tmp, cpus))
+        elif name.startswith("gpupool@"):
+            out.append(_gpupool(workers, tmp, cpus, baseline(name.split("@", 1)[1], tmp)))
         elif name.split(":")[0] in PEER_SPECS:
             out.append(_peer(name, workers, tmp, logs, cpus))
         else:
