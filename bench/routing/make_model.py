@@ -24,6 +24,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 STAMP = ".routing-model-stamp"
+# Plain ChatML. vLLM hands a template that reads content parts every message's content as a
+# list, so each role (system included) joins its text parts here.
+CHAT_TEMPLATE = (
+    "{%- for m in messages %}"
+    "{%- if m.content is string %}{%- set c = m.content %}"
+    "{%- else %}{%- set c = namespace(t='') %}"
+    "{%- for p in m.content %}{%- if p.type == 'text' %}{%- set c.t = c.t + p.text %}{%- endif %}"
+    "{%- endfor %}{%- set c = c.t %}{%- endif %}"
+    "{{- '<|im_start|>' + m.role + '\\n' + c + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -45,6 +57,7 @@ def build(args: argparse.Namespace, tmp: Path) -> None:
     from transformers import GenerationConfig, Qwen3Config
 
     tok = build_tokenizer()
+    tok.chat_template = CHAT_TEMPLATE
     cfg = Qwen3Config(
         vocab_size=len(tok),
         hidden_size=args.hidden,
@@ -73,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     out: Path = args.out_dir.resolve()
     want = json.dumps({k: v for k, v in vars(args).items() if k != "out_dir"}, sort_keys=True)
+    want += "\n" + CHAT_TEMPLATE
     if (out / STAMP).is_file() and (out / STAMP).read_text() == want:
         print(f"make_model: {out} is up to date")
         return 0

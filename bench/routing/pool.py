@@ -14,7 +14,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rig import ROOT, Proc, free_port
+from rig import ROOT, Proc, free_port, http_ok
 
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 SERVED = "bench"
@@ -34,7 +34,7 @@ class WorkerSpec:
 class Worker:
     spec: WorkerSpec
     port: int
-    proc: Proc
+    proc: Proc | None  # None: attached to a worker started elsewhere
 
     @property
     def url(self) -> str:
@@ -54,14 +54,19 @@ def _argv(spec: WorkerSpec, model_dir: Path, port: int) -> list[str]:
         "--max-model-len", str(spec.window),
         "--max-num-seqs", str(spec.max_num_seqs),
         "--max-num-batched-tokens", str(spec.batched_tokens),
-        "--enable-prefix-caching", "--disable-log-requests",
+        "--enable-prefix-caching",
         *spec.extra_args,
     ]  # fmt: skip
 
 
-def start(specs: list[WorkerSpec], model_dir: Path, tmp: Path, kv_gib: int) -> list[Worker]:
+def start(specs: list[WorkerSpec], model_dir: Path, tmp: Path, kv_gib: int,
+          attach: dict[str, int]) -> list[Worker]:  # fmt: skip
+    """Start each worker, or use the one already on ``attach[name]``'s port."""
     out = []
     for spec in specs:
+        if spec.name in attach:
+            out.append(Worker(spec, attach[spec.name], None))
+            continue
         port = free_port()
         env = {
             "VLLM_CPU_KVCACHE_SPACE": str(kv_gib),
@@ -74,6 +79,13 @@ def start(specs: list[WorkerSpec], model_dir: Path, tmp: Path, kv_gib: int) -> l
                     tmp / f"vllm-{spec.name}.log", env=env)  # fmt: skip
         out.append(Worker(spec, port, proc.start()))
     return out
+
+
+def wait(w: Worker, timeout: float) -> None:
+    if w.proc is not None:
+        w.proc.wait_http(w.url + "/health", timeout)
+    elif not http_ok(w.url + "/health", timeout=10):
+        raise RuntimeError(f"no worker answers on {w.url}")
 
 
 def _post(url: str, body: bytes = b"", timeout: float = 30) -> bytes:

@@ -4,8 +4,10 @@ gpupool gets the workers as ``url:`` workers with ``max_inflight`` equal to vLLM
 ``--max-num-seqs`` (what it would read itself from a launched worker's flags). The peers are the
 Rust routers from PyPI (``bench/.venvs/``, installed on first use as ``make bench`` does), one
 process per policy: vllm-router ``cache_aware``, ``consistent_hash`` and ``round_robin``, and
-sglang-router ``cache_aware``. ``gpupool@REV`` runs another revision's routing (``git archive``)
-beside the current one, to measure what a policy change bought.
+sglang-router ``cache_aware``. Their circuit breakers are off: they count vLLM's context-length
+400s as worker failures, so one workload's errors would take both workers out of the next one.
+``gpupool@REV`` runs another revision's routing (``git archive``) beside the current one, to
+measure what a policy change bought.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def _peer(name: str, workers: list[Worker], tmp: Path, logs: Path, cpus: str) ->
     argv = [str(exe)] + (["launch"] if binary == "sglang-router" else [])
     argv += ["--host", "127.0.0.1", "--port", str(port), "--worker-urls",
              *[w.url for w in workers], "--policy", policy,
-             "--prometheus-port", str(free_port()),
+             "--prometheus-port", str(free_port()), "--disable-circuit-breaker",
              "--log-level", "warn" if binary == "sglang-router" else "warning"]  # fmt: skip
     log = tmp / f"{name.replace(':', '-')}.log"
     proc = Proc(name, argv, cpus, log)  # type: ignore[arg-type]

@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -25,7 +26,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench/: rig
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # bench/ (rig), after ours
 
 import aiohttp
 import pool
@@ -69,6 +70,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--vllm-args", default="", help="Extra vLLM flags for every worker.")
     p.add_argument("--router-cpus", default=f"0-{(os.cpu_count() or 1) - 1}")
     p.add_argument("--slow-worker", default="short", help="The worker workload 4 slows.")
+    p.add_argument(
+        "--serve-workers",
+        action="store_true",
+        help="Only start the workers and keep them until interrupted (for --attach).",
+    )
+    p.add_argument(
+        "--attach",
+        default="",
+        metavar="NAME=PORT,...",
+        help="Use workers already running (started by --serve-workers).",
+    )
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "routing")
     p.add_argument("--report-only", action="store_true", help="Redraw from --out/results.json.")
     return p.parse_args(argv)  # fmt: skip
@@ -150,15 +162,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="gpupool-bench-routing-"))
     print(f"  logs in {tmp}", flush=True)
     specs = worker_specs(args)
-    workers = pool.start(specs, args.model_dir, tmp, args.kv_gib)
+    ports = {k: int(v) for k, v in (item.split("=") for item in args.attach.split(",") if item)}
+    workers = pool.start(specs, args.model_dir, tmp, args.kv_gib, ports)
     targets: list[routers.Router] = []
     try:
         t0 = time.monotonic()
         for w in workers:
-            w.proc.wait_http(w.url + "/health", 900)
-        print(
-            f"  {len(workers)} vLLM workers ready after {time.monotonic() - t0:.0f} s", flush=True
-        )
+            pool.wait(w, 900)
+        print(f"  {len(workers)} vLLM workers ready after {time.monotonic() - t0:.0f} s: "
+              + ",".join(f"{w.name}={w.port}" for w in workers), flush=True)  # fmt: skip
+        if args.serve_workers:  # until SIGTERM (a background job ignores SIGINT)
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+            while True:
+                time.sleep(3600)
         sz.tokens_per_word = tokens_per_word(workers[0])
         targets = routers.build(args.routers.split(","), workers, tmp, tmp, args.router_cpus)
         for t in targets:
@@ -182,7 +198,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for t in targets:
             t.proc.stop()
         for w in workers:
-            w.proc.stop()
+            if w.proc is not None:
+                w.proc.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

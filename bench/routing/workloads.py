@@ -31,7 +31,7 @@ class Sizes:
     # 1: multi-turn conversations
     conversations: int = 8
     turns: int = 4
-    system_tokens: int = 1200
+    system_tokens: int = 1000
     turn_tokens: int = 120
     reply_tokens: int = 60
     think_s: float = 1.0
@@ -149,8 +149,9 @@ async def multi_turn(ctx: Ctx, url: str) -> dict[str, Any]:
 async def mixed(ctx: Ctx, url: str) -> dict[str, Any]:
     sz = ctx.sizes
     rng = random.Random(f"{ctx.seed}-mixed")
-    kinds = ["long" if i % sz.mixed_long_every == sz.mixed_long_every - 1 else "short"
-             for i in range(sz.mixed_requests)]  # fmt: skip
+    # Long ones at random places (a fixed pattern could beat or match a round-robin's parity).
+    kinds = ["long" if rng.random() < 1 / sz.mixed_long_every else "short"
+             for _ in range(sz.mixed_requests)]  # fmt: skip
     prompts = [text(rng, sz.long_tokens if k == "long" else sz.short_tokens, sz.tokens_per_word)
                for k in kinds]  # fmt: skip
     before = pool.snapshot(ctx.workers)

@@ -11,7 +11,9 @@ ranked by ``rank_key``:
    that fits pays one band and loses ties: short requests keep the long-context worker free until
    the small one is two bands busier.
 2. vLLM's own waiting queue, then its KV-cache usage (quarters).
-3. The busy count itself (bands are coarse when capacity is large), then the smallest window.
+3. The busy count itself (bands are coarse when capacity is large), then the part of it the
+   gateway did not send (work it cannot size: a worker busy with its own requests beats one
+   busy with strangers'), then the smallest window.
 4. Workers equal on all of these take turns, so that new conversations arriving at an idle pool
    of equal workers spread instead of piling onto the first by name.
 
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 
 from gpupool.workers.registry import Worker
 
-RankKey = tuple[float, float, float, int, float, int]
+RankKey = tuple[float, float, float, int, float, float, int]
 
 
 @dataclass(slots=True, frozen=True)
@@ -64,6 +66,11 @@ def busy(w: Worker) -> float:
     return max(float(w.inflight), w.vllm_running + w.vllm_waiting)
 
 
+def external(w: Worker) -> float:
+    """vLLM's running + waiting beyond what this gateway has in flight there."""
+    return max(0.0, w.vllm_running + w.vllm_waiting - w.inflight)
+
+
 def busy_fraction(w: Worker) -> float:
     return busy(w) / w.capacity if w.capacity else 1.0
 
@@ -73,7 +80,7 @@ def rank_key(w: Worker, reserve: bool) -> RankKey:
     long requests are about, so it counts one band busier (and loses ties)."""
     band = min(busy_fraction(w), 1.0) // 0.25 + (1 if reserve else 0)
     kv_band = w.kv_usage // 0.25
-    return (band, w.vllm_waiting, kv_band, int(reserve), busy(w), w.window or 0)
+    return (band, w.vllm_waiting, kv_band, int(reserve), busy(w), external(w), w.window or 0)
 
 
 class AffinityTable:

@@ -63,6 +63,13 @@ def test_work_the_gateway_did_not_send_counts_as_load() -> None:
     assert [first(router, req(key=i), [slowed, idle]) for i in range(4)] == ["b"] * 4
 
 
+def test_between_equally_busy_workers_the_one_busy_with_the_gateways_own_requests_wins() -> None:
+    router = Router()
+    strangers = worker("a", 2048, vllm_running=3)  # requests the gateway cannot size
+    own = worker("b", 8192, inflight=3, vllm_running=3)  # smaller window loses this tie
+    assert first(router, req(), [strangers, own]) == "b"
+
+
 def test_vllm_waiting_queue_ranks_a_worker_after_one_without() -> None:
     router = Router()
     waiting, free = worker("a", vllm_waiting=1), worker("b", vllm_waiting=0)
