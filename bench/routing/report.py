@@ -56,7 +56,8 @@ def brief(wl: str, out: dict[str, Any]) -> str:
     )
 
 
-def slow_share(out: dict[str, Any], slow: str = "short") -> float:
+def slow_share(out: dict[str, Any]) -> float:
+    slow = out.get("slow_worker", "short")
     served = dict(out["served"])
     served[slow] = served.get(slow, 0) - out.get("hog_done", 0)
     total = sum(served.values())

@@ -69,7 +69,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--kv-gib", type=int, default=1)
     p.add_argument("--vllm-args", default="", help="Extra vLLM flags for every worker.")
     p.add_argument("--router-cpus", default=f"0-{(os.cpu_count() or 1) - 1}")
-    p.add_argument("--slow-worker", default="short", help="The worker workload 4 slows.")
+    p.add_argument(
+        "--slow-worker",
+        default="",
+        help="The worker workload 4 slows (default: each in turn, round by round).",
+    )
     p.add_argument(
         "--serve-workers",
         action="store_true",
@@ -145,7 +149,8 @@ async def measure(args: argparse.Namespace, sz: Sizes, targets: list[routers.Rou
                 k = r % len(targets)
                 for target in targets[k:] + targets[:k]:
                     pool.reset_prefix_cache(workers)
-                    ctx = Ctx(session, workers, sz, seed=1000 * r + 7, slow_worker=args.slow_worker)
+                    slow = args.slow_worker or workers[r % len(workers)].name
+                    ctx = Ctx(session, workers, sz, seed=1000 * r + 7, slow_worker=slow)
                     t0 = time.monotonic()
                     out = await WORKLOADS[wl](ctx, target.url)
                     out["seconds"] = time.monotonic() - t0

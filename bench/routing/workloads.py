@@ -249,6 +249,7 @@ async def uneven(ctx: Ctx, url: str) -> dict[str, Any]:
         "errors": sum(c.status != 200 for c in calls),
         "served": served,
         "hog_done": hog_done,
+        "slow_worker": slow.name,
     }
 
 

@@ -18,8 +18,9 @@ ranked by ``rank_key``:
    of equal workers spread instead of piling onto the first by name.
 
 A prefix-affinity hit moves its worker to the front unless that worker is over
-``affinity_max_load`` busy *and* another candidate is less busy: a miss costs vLLM the whole
-history's prefill again, so a conversation only moves to escape real overload.
+``affinity_max_load`` busy *and* another candidate is at least half its capacity less busy: a
+miss costs vLLM the whole history's prefill again, and vLLM batches one more short turn on a
+busy worker cheaply, so a conversation only moves to escape real overload.
 """
 
 from __future__ import annotations
@@ -168,10 +169,12 @@ class Router:
         return ranked
 
     def _overloaded(self, w: Worker, ranked: list[Worker]) -> bool:
-        """Too busy to keep its conversation: over the limit and someone else has less."""
+        """Too busy to keep its conversation: over the limit, and another candidate is at least
+        two bands (half its capacity) less busy, enough to pay for the history's prefill."""
         if busy_fraction(w) < self._affinity_max_load:
             return False
-        return any(busy(o) < busy(w) for o in ranked if o is not w)
+        margin = w.capacity / 2
+        return any(busy(o) <= busy(w) - margin for o in ranked if o is not w)
 
     def served(self, req: RouteRequest, worker: str) -> None:
         if self._use_affinity and req.prefix_key is not None:

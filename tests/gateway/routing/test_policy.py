@@ -50,6 +50,12 @@ def test_a_conversation_leaves_an_overloaded_worker_for_a_less_busy_one() -> Non
     assert first(router, req(key=7), [a, b]) == "b"
 
 
+def test_a_conversation_stays_when_the_other_worker_is_only_slightly_less_busy() -> None:
+    router, a, b = Router(), worker("a", inflight=3), worker("b", inflight=2)
+    router.served(req(key=7), "a")
+    assert first(router, req(key=7), [a, b]) == "a"
+
+
 def test_an_overloaded_worker_keeps_its_conversation_when_everyone_is_as_busy() -> None:
     router, a, b = Router(), worker("a", inflight=3), worker("b", inflight=3)
     router.served(req(key=7), "b")
