@@ -59,7 +59,8 @@ def brief(wl: str, out: dict[str, Any]) -> str:
 def slow_share(out: dict[str, Any]) -> float:
     slow = out.get("slow_worker", "short")
     served = dict(out["served"])
-    served[slow] = served.get(slow, 0) - out.get("hog_done", 0)
+    # the hogs' own completions; the counters and the hog count are read a moment apart
+    served[slow] = max(0.0, served.get(slow, 0) - out.get("hog_done", 0))
     total = sum(served.values())
     return served.get(slow, 0) / total if total else float("nan")
 

@@ -4,8 +4,8 @@
 
 Starts the vLLM workers once (a long- and a short-window worker serving a random-weight model
 made by ``make_model.py``, prefix caching on), every router in front of them, then runs rounds:
-in each round, each workload runs through every router in turn (the order rotates from round to
-round), with the workers' prefix caches emptied before each run. Writes ``results.json``,
+in each round, each workload runs through every router in turn (in a shuffled order, new for each
+round and workload), with the workers' prefix caches emptied before each run. Writes ``results.json``,
 ``results.md`` and one PNG per workload into ``--out`` (``bench/results/routing/``).
 On a GPU machine pass the model size, the workers' CPUs/windows and bigger ``--size`` values.
 """
@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -115,8 +116,6 @@ def worker_specs(args: argparse.Namespace) -> list[pool.WorkerSpec]:
 
 
 def tokens_per_word(w: pool.Worker) -> float:
-    import random
-
     from workloads import text
 
     sample = text(random.Random(0), 1000, 1.0)
@@ -146,8 +145,10 @@ async def measure(args: argparse.Namespace, sz: Sizes, targets: list[routers.Rou
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
         for r in range(args.rounds):
             for wl in names:
-                k = r % len(targets)
-                for target in targets[k:] + targets[:k]:
+                order = list(targets)  # a new order each time: no router always follows another
+                random.Random(f"{r}-{wl}").shuffle(order)
+                res.setdefault("orders", []).append([wl, [t.name for t in order]])
+                for target in order:
                     pool.reset_prefix_cache(workers)
                     slow = args.slow_worker or workers[r % len(workers)].name
                     ctx = Ctx(session, workers, sz, seed=1000 * r + 7, slow_worker=slow)
