@@ -5,8 +5,9 @@
 Starts the vLLM workers once (a long- and a short-window worker serving a random-weight model
 made by ``make_model.py``, prefix caching on), every router in front of them, then runs rounds:
 in each round, each workload runs through every router in turn (in a shuffled order, new for each
-round and workload), with the workers' prefix caches emptied before each run. Writes ``results.json``,
-``results.md`` and one PNG per workload into ``--out`` (``bench/results/routing/``).
+round and workload), with the workers' prefix caches emptied before each run. Writes
+``results.json``, ``results.md`` and one PNG per workload into ``--out``
+(``bench/results/routing/``).
 On a GPU machine pass the model size, the workers' CPUs/windows and bigger ``--size`` values.
 """
 
