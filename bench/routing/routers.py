@@ -61,8 +61,8 @@ def _gpupool(workers: list[Worker], tmp: Path, cpus: str, base: Path | None = No
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     argv = [str(PY), "-m", "gpupool", "serve", "--config", str(path)]
-    env = {"PYTHONPATH": str(base)} if base is not None else {}
-    proc = Proc(name, argv, cpus, tmp / f"{name}.log", env=env)  # type: ignore[arg-type]
+    # `python -m` looks in its working directory first: run the other revision from its own.
+    proc = Proc(name, argv, cpus, tmp / f"{name}.log", cwd=base or ROOT)  # type: ignore[arg-type]
     return Router(name, port, proc, metadata.version("gpupool"), "/ready")
 
 
