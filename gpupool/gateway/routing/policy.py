@@ -4,16 +4,15 @@ Candidates are the ready workers of the model whose window holds the prompt, who
 least ``max_tokens`` (vLLM rejects larger), and whose media limits admit the request. They are
 ranked by ``rank_key``:
 
-1. **Load band**: quarters of capacity busy, where busy is the larger of the gateway's own
-   in-flight count and what vLLM itself reports running and waiting (so work the gateway did not
-   send, from another replica or a client going around it, counts too). While requests that only
-   a larger window holds were seen lately (``reserve_s``), a worker larger than the smallest window
+1. **Load band**: quarters of capacity taken by the gateway's own requests in flight. (vLLM's
+   scraped running count is a second old, as long as a request here; using it moved traffic off
+   a slowed worker but measured a worse p99 in the routing bench.) While requests that only a
+   larger window holds were seen lately (``reserve_s``), a worker larger than the smallest window
    that fits pays one band and loses ties: short requests keep the long-context worker free until
    the small one is two bands busier.
 2. vLLM's own waiting queue, then its KV-cache usage (quarters).
-3. The busy count itself (bands are coarse when capacity is large), then the part of it the
-   gateway did not send (work it cannot size: a worker busy with its own requests beats one
-   busy with strangers'), then the smallest window.
+3. The in-flight count itself (bands are coarse when capacity is large), then the smallest
+   window.
 4. Workers equal on all of these take turns, so that new conversations arriving at an idle pool
    of equal workers spread instead of piling onto the first by name.
 
@@ -32,7 +31,7 @@ from dataclasses import dataclass
 
 from gpupool.workers.registry import Worker
 
-RankKey = tuple[float, float, float, int, float, float, int]
+RankKey = tuple[float, float, float, int, float, int]
 
 
 @dataclass(slots=True, frozen=True)
@@ -63,13 +62,8 @@ def fits(worker: Worker, req: RouteRequest) -> bool:
 
 
 def busy(w: Worker) -> float:
-    """Requests on the worker: the gateway's own, or vLLM's running + waiting if more."""
-    return max(float(w.inflight), w.vllm_running + w.vllm_waiting)
-
-
-def external(w: Worker) -> float:
-    """vLLM's running + waiting beyond what this gateway has in flight there."""
-    return max(0.0, w.vllm_running + w.vllm_waiting - w.inflight)
+    """The gateway's own requests in flight on the worker."""
+    return float(w.inflight)
 
 
 def busy_fraction(w: Worker) -> float:
@@ -81,7 +75,7 @@ def rank_key(w: Worker, reserve: bool) -> RankKey:
     long requests are about, so it counts one band busier (and loses ties)."""
     band = min(busy_fraction(w), 1.0) // 0.25 + (1 if reserve else 0)
     kv_band = w.kv_usage // 0.25
-    return (band, w.vllm_waiting, kv_band, int(reserve), busy(w), external(w), w.window or 0)
+    return (band, w.vllm_waiting, kv_band, int(reserve), busy(w), w.window or 0)
 
 
 class AffinityTable:
