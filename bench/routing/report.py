@@ -164,7 +164,7 @@ def targets(res: dict[str, Any]) -> list[str]:
         rs = runs["multi_turn"]
         p50 = {n: pct(pooled(r, "ttft"), 50) for n, r in rs.items()}
         hit = {n: statistics.mean(x["hit_rate"] for x in r) for n, r in rs.items()}
-        peers = [n for n in rs if n != gp]
+        peers = [n for n in rs if not n.startswith(gp)]  # gpupool@REV: our own
         rr = next((n for n in peers if n.endswith("round_robin")), None)
         best = min(peers, key=lambda n: p50[n]) if peers else None
         if rr and best:
@@ -177,8 +177,8 @@ def targets(res: dict[str, Any]) -> list[str]:
         rs = runs["mixed"]
         errs = sum(r["long_errors"] + r["short_errors"] for r in rs[gp])
         p50 = {n: pct(pooled(r, "long_ttft"), 50) for n, r in rs.items()}
-        peers = [n for n in rs if n != gp]
-        beats = all(p50[n] != p50[n] or p50[gp] < p50[n] for n in peers)
+        peers = [n for n in rs if not n.startswith(gp)]  # gpupool@REV: our own
+        beats = bool(peers) and all(p50[n] != p50[n] or p50[gp] < p50[n] for n in peers)
         out.append(f"- Workload 2: {errs} errors through gpupool ({_ok(errs == 0)}); long TTFT "
                    f"p50 {ms(p50[gp])} ms, better than every peer's that served any: "
                    f"{_ok(beats)}")  # fmt: skip
@@ -192,13 +192,43 @@ def targets(res: dict[str, Any]) -> list[str]:
     if gp in runs.get("uneven", {}):
         rs = runs["uneven"]
         p99 = {n: pct(pooled(r, "latency"), 99) for n, r in rs.items()}
-        peers = [n for n in rs if n != gp]
+        peers = [n for n in rs if not n.startswith(gp)]  # gpupool@REV: our own
         if peers:
             best = min(peers, key=lambda n: p99[n])
             out.append(
                 f"- Workload 4: p99 {ms(p99[gp])} ms vs best peer {best} {ms(p99[best])} "
                 f"ms ({_ok(p99[gp] <= p99[best])})"
             )
+    return out
+
+
+def ordered(res: dict[str, Any], runs: dict[str, Runs]) -> dict[str, Runs]:
+    """The routers in the order they were given (gpupool first), not the order they first ran."""
+    names = [n for n in res.get("order", []) if n in runs] or list(runs)
+    return {n: runs[n] for n in names}
+
+
+KEY = {  # workload: (label, sample key, percentile)
+    "multi_turn": ("TTFT p50", "ttft", 50),
+    "mixed": ("long TTFT p50", "long_ttft", 50),
+    "flood": ("interactive p99 under the flood", "flood", 99),
+    "uneven": ("latency p99", "latency", 99),
+}
+
+
+def versus_base(res: dict[str, Any]) -> list[str]:
+    """gpupool against another revision of itself (``gpupool@REV``) in the same run."""
+    out = []
+    for wl, (label, key, q) in KEY.items():
+        runs = res["runs"].get(wl, {})
+        for base in (n for n in runs if n.startswith("gpupool@")):
+            new, old = pct(pooled(runs["gpupool"], key), q), pct(pooled(runs[base], key), q)
+            rounds = ", ".join(
+                f"{pct(a[key], q) / pct(b[key], q):.2f}x"
+                for a, b in zip(runs["gpupool"], runs[base], strict=False)
+            )
+            out.append(f"- {TABLES[wl][0]}: {label} {ms(new)} ms vs {base} {ms(old)} ms "
+                       f"({new / old:.2f}x; per round {rounds})")  # fmt: skip
     return out
 
 
@@ -213,12 +243,17 @@ def markdown(res: dict[str, Any]) -> str:
              + ". Versions: " + ", ".join(f"{k} {v}" for k, v in res.get("versions", {}).items())
              + ". Percentiles pool every round's requests; 'per round' gives the min-max of the "
                "rounds' own percentile (the noise of this shared machine).", "",
-             "## Targets (issue 15)", "", *targets(res)]  # fmt: skip
+             *([f"Routers renamed after the run: {res['renamed']}."] if "renamed" in res else []),
+             "", "## Targets (issue 15)", "", *targets(res)]  # fmt: skip
+    if any(n.startswith("gpupool@") for r in res["runs"].values() for n in r):
+        lines += ["", "## gpupool against other revisions of its routing (same run)", "",
+                  *versus_base(res)]  # fmt: skip
     for wl, (title, head, rows) in TABLES.items():
         if wl in res["runs"]:
             n = len(next(iter(res["runs"][wl].values())))
             lines += ["", f"## {title}", "", f"{n} round(s).", "",
-                      *_table(head, rows(res["runs"][wl])), "", f"![{wl}]({wl}.png)"]  # fmt: skip
+                      *_table(head, rows(ordered(res, res["runs"][wl]))), "",
+                      f"![{wl}]({wl}.png)"]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -265,4 +300,4 @@ def save(res: dict[str, Any], out: Path, final: bool = False) -> None:
         return
     (out / "results.md").write_text(markdown(res))
     for wl, runs in res["runs"].items():
-        plot(wl, runs, out / f"{wl}.png")
+        plot(wl, ordered(res, runs), out / f"{wl}.png")
