@@ -6,7 +6,7 @@ VLLM_VENV := .venv-vllm
 MODELS := .models
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck unit vllm-setup models ops-deps bench-deps bench gpu-bundle clean
+.PHONY: install run test lint typecheck unit vllm-setup models ops-deps bench-deps bench bench-routing gpu-bundle clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -55,6 +55,10 @@ bench: install bench-deps
 # The offline vLLM + gpupool bundle for the H200 lane, in parts under .gpu/ (scripts/gpu_lane/README.md)
 gpu-bundle: install
 	PYTHON=$(BIN)/python bash scripts/gpu_lane/make_bundle.sh .gpu
+
+# Routing quality on real vLLM (needs `make models`' .venv-vllm); ARGS: see bench/routing/run.py.
+bench-routing: install
+	$(BIN)/python bench/routing/run.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(MODELS) .gpupool .mypy_cache .ruff_cache .pytest_cache

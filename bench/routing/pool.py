@@ -1,0 +1,124 @@
+"""The vLLM workers of the routing bench: started once, shared by every router in turn.
+
+Each worker is a real vLLM OpenAI server (``python -m vllm.entrypoints.openai.api_server``, the CPU
+build here) on its own CPUs, serving the same random-weight model (``--load-format dummy``) with
+prefix caching on and ``VLLM_SERVER_DEV_MODE=1`` so that ``POST /reset_prefix_cache`` empties its
+cache between routers. Workers differ only in their window (``--max-model-len``): one long, one
+short, for the mixed-context workload.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rig import ROOT, Proc, free_port, http_ok
+
+VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
+SERVED = "bench"
+
+
+@dataclass
+class WorkerSpec:
+    name: str
+    window: int
+    cpus: str  # for taskset and VLLM_CPU_OMP_THREADS_BIND, e.g. "0" or "0-7"
+    max_num_seqs: int
+    batched_tokens: int
+    extra_args: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Worker:
+    spec: WorkerSpec
+    port: int
+    proc: Proc | None  # None: attached to a worker started elsewhere
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+def _argv(spec: WorkerSpec, model_dir: Path, port: int) -> list[str]:
+    return [
+        str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir), "--served-model-name", SERVED,
+        "--host", "127.0.0.1", "--port", str(port),
+        "--load-format", "dummy", "--dtype", "bfloat16",
+        "--max-model-len", str(spec.window),
+        "--max-num-seqs", str(spec.max_num_seqs),
+        "--max-num-batched-tokens", str(spec.batched_tokens),
+        "--enable-prefix-caching",
+        *spec.extra_args,
+    ]  # fmt: skip
+
+
+def start(specs: list[WorkerSpec], model_dir: Path, tmp: Path, kv_gib: int,
+          attach: dict[str, int]) -> list[Worker]:  # fmt: skip
+    """Start each worker, or use the one already on ``attach[name]``'s port."""
+    out = []
+    for spec in specs:
+        if spec.name in attach:
+            out.append(Worker(spec, attach[spec.name], None))
+            continue
+        port = free_port()
+        env = {
+            "VLLM_CPU_KVCACHE_SPACE": str(kv_gib),
+            "VLLM_CPU_OMP_THREADS_BIND": spec.cpus,
+            "VLLM_SERVER_DEV_MODE": "1",
+            "HF_HUB_OFFLINE": "1",
+        }
+        cpu = spec.cpus  # Proc pins with taskset -c
+        proc = Proc(f"vllm-{spec.name}", _argv(spec, model_dir, port), cpu,  # type: ignore[arg-type]
+                    tmp / f"vllm-{spec.name}.log", env=env)  # fmt: skip
+        out.append(Worker(spec, port, proc.start()))
+    return out
+
+
+def wait(w: Worker, timeout: float) -> None:
+    if w.proc is not None:
+        w.proc.wait_http(w.url + "/health", timeout)
+    elif not http_ok(w.url + "/health", timeout=10):
+        raise RuntimeError(f"no worker answers on {w.url}")
+
+
+def _post(url: str, body: bytes = b"", timeout: float = 30) -> bytes:
+    req = urllib.request.Request(url, data=body, method="POST",
+                                 headers={"content-type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return bytes(r.read())
+
+
+def reset_prefix_cache(workers: list[Worker]) -> None:
+    for w in workers:
+        _post(w.url + "/reset_prefix_cache")
+
+
+_METRIC = re.compile(rb"^(vllm:[a-z_:]+?)(?:\{[^}]*\})? ([0-9.eE+-]+)$", re.M)
+
+
+def metrics(w: Worker) -> dict[str, float]:
+    """The worker's counters and gauges, summed over labels."""
+    with urllib.request.urlopen(w.url + "/metrics", timeout=30) as r:
+        text = r.read()
+    out: dict[str, float] = {}
+    for name, value in _METRIC.findall(text):
+        key = name.decode()
+        out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+def snapshot(workers: list[Worker]) -> dict[str, dict[str, float]]:
+    return {w.name: metrics(w) for w in workers}
+
+
+def delta(
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], key: str
+) -> dict[str, float]:
+    return {n: after[n].get(key, 0.0) - before[n].get(key, 0.0) for n in after}

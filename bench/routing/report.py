@@ -1,0 +1,303 @@
+"""The routing bench's results: ``results.json``, ``results.md`` (a table per workload, the
+spread between rounds, the issue's targets) and one PNG per workload."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+Runs = list[dict[str, Any]]
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(x for x in xs if x == x)
+    if not s:
+        return float("nan")
+    return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
+
+
+def ms(x: float) -> str:
+    return "n/a" if x != x else f"{x * 1e3:,.0f}"
+
+
+def pooled(runs: Runs, key: str) -> list[float]:
+    return [x for r in runs for x in r[key]]
+
+
+def spread(runs: Runs, key: str, q: float = 50) -> str:
+    """Per-round percentile, min-max, in ms."""
+    vals = [pct(r[key], q) for r in runs]
+    vals = [v for v in vals if v == v]
+    if len(vals) < 2:
+        return "n/a"
+    return f"{min(vals) * 1e3:,.0f}-{max(vals) * 1e3:,.0f}"
+
+
+def brief(wl: str, out: dict[str, Any]) -> str:
+    if wl == "multi_turn":
+        return (f"TTFT p50 {ms(pct(out['ttft'], 50))} p99 {ms(pct(out['ttft'], 99))} ms, "
+                f"hit {out['hit_rate']:.0%}, errors {out['errors']}")  # fmt: skip
+    if wl == "mixed":
+        return (
+            f"long TTFT p50 {ms(pct(out['long_ttft'], 50))} ms, errors long "
+            f"{out['long_errors']} short {out['short_errors']}, {out['ok_per_s']:.2f} ok/s"
+        )
+    if wl == "flood":
+        return (
+            f"interactive p99 idle {ms(pct(out['idle'], 99))} flood "
+            f"{ms(pct(out['flood'], 99))} ms, batch {out['batch_wall']:.1f} s"
+        )
+    return (
+        f"p50 {ms(pct(out['latency'], 50))} p99 {ms(pct(out['latency'], 99))} ms, "
+        f"slow share {slow_share(out):.0%}"
+    )
+
+
+def slow_share(out: dict[str, Any]) -> float:
+    slow = out.get("slow_worker", "short")
+    served = dict(out["served"])
+    # the hogs' own completions; the counters and the hog count are read a moment apart
+    served[slow] = max(0.0, served.get(slow, 0) - out.get("hog_done", 0))
+    total = sum(served.values())
+    return served.get(slow, 0) / total if total else float("nan")
+
+
+# ---- tables -----------------------------------------------------------------------------------
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return out + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def multi_turn_rows(runs: dict[str, Runs]) -> list[list[str]]:
+    rows = []
+    for name, rs in runs.items():
+        hits = [r["hit_rate"] for r in rs]
+        rows.append([name, ms(pct(pooled(rs, "ttft"), 50)), ms(pct(pooled(rs, "ttft"), 99)),
+                     spread(rs, "ttft"), ms(pct(pooled(rs, "ttft_later_turns"), 50)),
+                     f"{statistics.mean(hits):.0%} ({min(hits):.0%}-{max(hits):.0%})",
+                     str(sum(r["errors"] for r in rs))])  # fmt: skip
+    return rows
+
+
+def mixed_rows(runs: dict[str, Runs]) -> list[list[str]]:
+    rows = []
+    for name, rs in runs.items():
+        rate = [r["ok_per_s"] for r in rs]
+        sample = next((r["long_error_sample"] for r in rs if r["long_error_sample"]), "")
+        rows.append([name, str(sum(r["long_errors"] for r in rs)),
+                     str(sum(r["short_errors"] for r in rs)),
+                     ms(pct(pooled(rs, "long_ttft"), 50)), ms(pct(pooled(rs, "long_ttft"), 99)),
+                     spread(rs, "long_ttft"), ms(pct(pooled(rs, "short_ttft"), 50)),
+                     f"{statistics.mean(rate):.2f} ({min(rate):.2f}-{max(rate):.2f})",
+                     sample[:60].replace("|", "/")])  # fmt: skip
+    return rows
+
+
+def flood_rows(runs: dict[str, Runs]) -> list[list[str]]:
+    rows = []
+    for name, rs in runs.items():
+        idle, busy = pooled(rs, "idle"), pooled(rs, "flood")
+        ratio = pct(busy, 99) / pct(idle, 99)
+        rows.append([name, ms(pct(idle, 50)), ms(pct(idle, 99)), ms(pct(busy, 50)),
+                     ms(pct(busy, 99)), spread(rs, "flood", 99), f"{ratio:.2f}x",
+                     f"{statistics.mean(r['batch_wall'] for r in rs):.1f}",
+                     str(sum(r["errors"] for r in rs))])  # fmt: skip
+    return rows
+
+
+def uneven_rows(runs: dict[str, Runs]) -> list[list[str]]:
+    rows = []
+    for name, rs in runs.items():
+        share = [slow_share(r) for r in rs]
+        lat = pooled(rs, "latency")
+        ttft99 = ms(pct(pooled(rs, "ttft"), 99))
+        errors = str(sum(r["errors"] for r in rs))
+        rows.append([name, ms(pct(lat, 50)), ms(pct(lat, 99)), spread(rs, "latency", 99), ttft99,
+                     f"{statistics.mean(share):.0%}", errors])  # fmt: skip
+    return rows
+
+
+TABLES = {
+    "multi_turn": (
+        "1. Multi-turn conversations",
+        ["router", "TTFT p50 ms", "TTFT p99 ms", "p50 per round", "later turns p50 ms",
+         "prefix-cache hit rate (rounds)", "errors"],
+        multi_turn_rows,
+    ),
+    "mixed": (
+        "2. Mixed context lengths (long- and short-window worker)",
+        ["router", "long errors", "short errors", "long TTFT p50 ms", "long TTFT p99 ms",
+         "long p50 per round", "short TTFT p50 ms", "ok req/s (rounds)", "a long request's error"],
+        mixed_rows,
+    ),
+    "flood": (
+        "3. Batch flood with an interactive tenant",
+        ["router", "idle p50 ms", "idle p99 ms", "flood p50 ms", "flood p99 ms",
+         "flood p99 per round", "p99 flood/idle", "batch s", "errors"],
+        flood_rows,
+    ),
+    "uneven": (
+        "4. One slowed worker",
+        ["router", "latency p50 ms", "latency p99 ms", "p99 per round", "TTFT p99 ms",
+         "share to the slowed worker", "errors"],
+        uneven_rows,
+    ),
+}  # fmt: skip
+
+
+# ---- targets ----------------------------------------------------------------------------------
+
+
+def _ok(cond: bool) -> str:
+    return "**met**" if cond else "**missed**"
+
+
+def targets(res: dict[str, Any]) -> list[str]:
+    runs, out = res["runs"], []
+    gp = "gpupool"
+    if gp in runs.get("multi_turn", {}):
+        rs = runs["multi_turn"]
+        p50 = {n: pct(pooled(r, "ttft"), 50) for n, r in rs.items()}
+        hit = {n: statistics.mean(x["hit_rate"] for x in r) for n, r in rs.items()}
+        peers = [n for n in rs if not n.startswith(gp)]  # gpupool@REV: our own
+        rr = next((n for n in peers if n.endswith("round_robin")), None)
+        best = min(peers, key=lambda n: p50[n]) if peers else None
+        if rr and best:
+            out.append(f"- Workload 1: TTFT p50 {ms(p50[gp])} ms = {p50[gp] / p50[rr]:.2f}x "
+                       f"round-robin's (target ≤ 0.70x: {_ok(p50[gp] <= 0.7 * p50[rr])}); best "
+                       f"peer {best} {ms(p50[best])} ms ({_ok(p50[gp] <= p50[best])}); hit rate "
+                       f"{hit[gp]:.0%} vs best peer {max(hit[n] for n in peers):.0%} "
+                       f"({_ok(hit[gp] >= max(hit[n] for n in peers))})")  # fmt: skip
+    if gp in runs.get("mixed", {}):
+        rs = runs["mixed"]
+        errs = sum(r["long_errors"] + r["short_errors"] for r in rs[gp])
+        p50 = {n: pct(pooled(r, "long_ttft"), 50) for n, r in rs.items()}
+        peers = [n for n in rs if not n.startswith(gp)]  # gpupool@REV: our own
+        beats = bool(peers) and all(p50[n] != p50[n] or p50[gp] < p50[n] for n in peers)
+        out.append(f"- Workload 2: {errs} errors through gpupool ({_ok(errs == 0)}); long TTFT "
+                   f"p50 {ms(p50[gp])} ms, better than every peer's that served any: "
+                   f"{_ok(beats)}")  # fmt: skip
+    if gp in runs.get("flood", {}):
+        rs = runs["flood"][gp]
+        ratio = pct(pooled(rs, "flood"), 99) / pct(pooled(rs, "idle"), 99)
+        out.append(
+            f"- Workload 3: interactive p99 under the flood {ratio:.2f}x its idle p99 "
+            f"(target ≤ 2x: {_ok(ratio <= 2)})"
+        )
+    if gp in runs.get("uneven", {}):
+        rs = runs["uneven"]
+        p99 = {n: pct(pooled(r, "latency"), 99) for n, r in rs.items()}
+        peers = [n for n in rs if not n.startswith(gp)]  # gpupool@REV: our own
+        if peers:
+            best = min(peers, key=lambda n: p99[n])
+            out.append(
+                f"- Workload 4: p99 {ms(p99[gp])} ms vs best peer {best} {ms(p99[best])} "
+                f"ms ({_ok(p99[gp] <= p99[best])})"
+            )
+    return out
+
+
+def ordered(res: dict[str, Any], runs: dict[str, Runs]) -> dict[str, Runs]:
+    """The routers in the order they were given (gpupool first), not the order they first ran."""
+    names = [n for n in res.get("order", []) if n in runs] or list(runs)
+    return {n: runs[n] for n in names}
+
+
+KEY = {  # workload: (label, sample key, percentile)
+    "multi_turn": ("TTFT p50", "ttft", 50),
+    "mixed": ("long TTFT p50", "long_ttft", 50),
+    "flood": ("interactive p99 under the flood", "flood", 99),
+    "uneven": ("latency p99", "latency", 99),
+}
+
+
+def versus_base(res: dict[str, Any]) -> list[str]:
+    """gpupool against another revision of itself (``gpupool@REV``) in the same run."""
+    out = []
+    for wl, (label, key, q) in KEY.items():
+        runs = res["runs"].get(wl, {})
+        for base in (n for n in runs if n.startswith("gpupool@")):
+            new, old = pct(pooled(runs["gpupool"], key), q), pct(pooled(runs[base], key), q)
+            rounds = ", ".join(
+                f"{pct(a[key], q) / pct(b[key], q):.2f}x"
+                for a, b in zip(runs["gpupool"], runs[base], strict=False)
+            )
+            out.append(f"- {TABLES[wl][0]}: {label} {ms(new)} ms vs {base} {ms(old)} ms "
+                       f"({new / old:.2f}x; per round {rounds})")  # fmt: skip
+    return out
+
+
+def markdown(res: dict[str, Any]) -> str:
+    m = res.get("model", {})
+    lines = ["# Routing quality on real vLLM", "",
+             f"Run started {res.get('started', '?')}, {res.get('wall_s', 0) / 60:.0f} min. "
+             f"Model: random-weight Qwen3, hidden {m.get('hidden_size')}, "
+             f"{m.get('num_hidden_layers')} layers (`--load-format dummy`). Workers: "
+             + ", ".join(f"{w['name']} (window {w['window']}, CPUs {w['cpus']}, max-num-seqs "
+                         f"{w['max_num_seqs']})" for w in res.get("workers", []))
+             + ". Versions: " + ", ".join(f"{k} {v}" for k, v in res.get("versions", {}).items())
+             + ". Percentiles pool every round's requests; 'per round' gives the min-max of the "
+               "rounds' own percentile (the noise of this shared machine).", "",
+             *([f"Routers renamed after the run: {res['renamed']}."] if "renamed" in res else []),
+             "", "## Targets (issue 15)", "", *targets(res)]  # fmt: skip
+    if any(n.startswith("gpupool@") for r in res["runs"].values() for n in r):
+        lines += ["", "## gpupool against other revisions of its routing (same run)", "",
+                  *versus_base(res)]  # fmt: skip
+    for wl, (title, head, rows) in TABLES.items():
+        if wl in res["runs"]:
+            n = len(next(iter(res["runs"][wl].values())))
+            lines += ["", f"## {title}", "", f"{n} round(s).", "",
+                      *_table(head, rows(ordered(res, res["runs"][wl]))), "",
+                      f"![{wl}]({wl}.png)"]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+# ---- plots ------------------------------------------------------------------------------------
+
+PLOTS = {
+    "multi_turn": [("TTFT p50", "ttft", 50), ("TTFT p99", "ttft", 99)],
+    "mixed": [("long TTFT p50", "long_ttft", 50), ("short TTFT p50", "short_ttft", 50)],
+    "flood": [("interactive p99 idle", "idle", 99), ("interactive p99 under flood", "flood", 99)],
+    "uneven": [("latency p50", "latency", 50), ("latency p99", "latency", 99)],
+}
+
+
+def plot(wl: str, runs: dict[str, Runs], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(runs)
+    series = PLOTS[wl]
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    width = 0.8 / len(series)
+    for i, (label, key, q) in enumerate(series):
+        xs = [j + i * width for j in range(len(names))]
+        ys = [pct(pooled(runs[n], key), q) * 1e3 for n in names]
+        per_round = [[pct(r[key], q) * 1e3 for r in runs[n]] for n in names]
+        lo = [max(0.0, y - min(v)) if y == y else 0 for y, v in zip(ys, per_round, strict=True)]
+        hi = [max(0.0, max(v) - y) if y == y else 0 for y, v in zip(ys, per_round, strict=True)]
+        ax.bar(xs, [y if y == y else 0 for y in ys], width, label=label, yerr=[lo, hi], capsize=3)
+    ax.set_xticks([j + width * (len(series) - 1) / 2 for j in range(len(names))])
+    ax.set_xticklabels([n.replace(":", "\n") for n in names], fontsize=8)
+    ax.set_ylabel("ms (bars: all rounds; whiskers: min-max of rounds)")
+    ax.set_title(TABLES[wl][0])
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def save(res: dict[str, Any], out: Path, final: bool = False) -> None:
+    (out / "results.json").write_text(json.dumps(res, indent=1))
+    if not final:
+        return
+    (out / "results.md").write_text(markdown(res))
+    for wl, runs in res["runs"].items():
+        plot(wl, ordered(res, runs), out / f"{wl}.png")

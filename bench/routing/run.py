@@ -1,0 +1,227 @@
+"""Routing quality on real vLLM: gpupool beside the peers' policies, the same workers behind each.
+
+    .venv/bin/python bench/routing/run.py [--rounds 2] [--quick] [--size flood=96 ...]
+
+Starts the vLLM workers once (a long- and a short-window worker serving a random-weight model
+made by ``make_model.py``, prefix caching on), every router in front of them, then runs rounds:
+in each round, each workload runs through every router in turn (in a shuffled order, new for each
+round and workload), with the workers' prefix caches emptied before each run. Writes
+``results.json``, ``results.md`` and one PNG per workload into ``--out``
+(``bench/results/routing/``).
+On a GPU machine pass the model size, the workers' CPUs/windows and bigger ``--size`` values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # bench/ (rig), after ours
+
+import aiohttp
+import pool
+import report
+import routers
+from rig import ROOT, raise_nofile
+from workloads import WORKLOADS, Ctx, Sizes
+
+QUICK = {"conversations": 6, "turns": 3, "mixed_requests": 16, "flood": 32, "interactive": 6,
+         "uneven_requests": 16}  # fmt: skip
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--quick", action="store_true", help="Smaller workloads (see QUICK).")
+    p.add_argument("--routers", default=",".join(routers.ALL))
+    p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument(
+        "--size",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"Override a workload size: {', '.join(f.name for f in fields(Sizes))}",
+    )
+    p.add_argument("--model-dir", type=Path, default=ROOT / "bench" / ".models" / "routing-bench")
+    p.add_argument(
+        "--model",
+        default="",
+        metavar="ARGS",
+        help="Arguments for make_model.py, e.g. '--hidden 256 --layers 4'.",
+    )
+    p.add_argument(
+        "--workers",
+        default="long:8192:0,short:2048:1",
+        help="name:window:cpus, comma separated (cpus as for taskset -c).",
+    )
+    p.add_argument("--max-num-seqs", type=int, default=4)
+    p.add_argument("--batched-tokens", type=int, default=2048)
+    p.add_argument("--kv-gib", type=int, default=1)
+    p.add_argument("--vllm-args", default="", help="Extra vLLM flags for every worker.")
+    p.add_argument("--router-cpus", default=f"0-{(os.cpu_count() or 1) - 1}")
+    p.add_argument(
+        "--slow-worker",
+        default="",
+        help="The worker workload 4 slows (default: each in turn, round by round).",
+    )
+    p.add_argument(
+        "--serve-workers",
+        action="store_true",
+        help="Only start the workers and keep them until interrupted (for --attach).",
+    )
+    p.add_argument(
+        "--attach",
+        default="",
+        metavar="NAME=PORT,...",
+        help="Use workers already running (started by --serve-workers).",
+    )
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "routing")
+    p.add_argument("--report-only", action="store_true", help="Redraw from --out/results.json.")
+    return p.parse_args(argv)  # fmt: skip
+
+
+def sizes(args: argparse.Namespace) -> Sizes:
+    sz = Sizes(**(QUICK if args.quick else {}))
+    for item in args.size:
+        key, _, value = item.partition("=")
+        current = getattr(sz, key)  # AttributeError names a bad key
+        setattr(sz, key, type(current)(value))
+    return sz
+
+
+def make_model(args: argparse.Namespace) -> None:
+    cmd = [str(pool.VLLM_PY), str(Path(__file__).parent / "make_model.py"), str(args.model_dir),
+           *args.model.split()]  # fmt: skip
+    subprocess.run(cmd, check=True)
+
+
+def worker_specs(args: argparse.Namespace) -> list[pool.WorkerSpec]:
+    specs = []
+    for item in args.workers.split(","):
+        name, window, cpus = item.split(":")
+        specs.append(pool.WorkerSpec(name, int(window), cpus, args.max_num_seqs,
+                                     args.batched_tokens, args.vllm_args.split()))  # fmt: skip
+    return specs
+
+
+def tokens_per_word(w: pool.Worker) -> float:
+    from workloads import text
+
+    sample = text(random.Random(0), 1000, 1.0)
+    body = json.dumps({"model": pool.SERVED, "prompt": sample}).encode()
+    req = urllib.request.Request(w.url + "/tokenize", data=body,
+                                 headers={"content-type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(req, timeout=60) as r:
+        count = json.loads(r.read())["count"]
+    return float(count) / len(sample.split())
+
+
+async def warm(targets: list[routers.Router], workers: list[pool.Worker]) -> None:
+    body = {"model": pool.SERVED, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    async with aiohttp.ClientSession() as s:
+        for url in [w.url for w in workers] + [r.url for r in targets]:
+            for _ in range(2):
+                async with s.post(url + "/v1/chat/completions", json=body) as r:
+                    await r.read()
+
+
+async def measure(args: argparse.Namespace, sz: Sizes, targets: list[routers.Router],
+                  workers: list[pool.Worker], res: dict[str, Any]) -> None:  # fmt: skip
+    await warm(targets, workers)
+    names = [n for n in args.workloads.split(",") if n]
+    conn = aiohttp.TCPConnector(limit=0, force_close=True)  # no keep-alive effects (Nagle)
+    timeout = aiohttp.ClientTimeout(total=900)
+    async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
+        for r in range(args.rounds):
+            for wl in names:
+                order = list(targets)  # a new order each time: no router always follows another
+                random.Random(f"{r}-{wl}").shuffle(order)
+                res.setdefault("orders", []).append([wl, [t.name for t in order]])
+                for target in order:
+                    pool.reset_prefix_cache(workers)
+                    slow = args.slow_worker or workers[r % len(workers)].name
+                    ctx = Ctx(session, workers, sz, seed=1000 * r + 7, slow_worker=slow)
+                    t0 = time.monotonic()
+                    out = await WORKLOADS[wl](ctx, target.url)
+                    out["seconds"] = time.monotonic() - t0
+                    res["runs"].setdefault(wl, {}).setdefault(target.name, []).append(out)
+                    print(f"  round {r + 1} {wl:10s} {target.name:28s} {report.brief(wl, out)}",
+                          flush=True)  # fmt: skip
+                    report.save(res, args.out)
+                    await asyncio.sleep(1.0)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    sz = sizes(args)
+    make_model(args)
+    tmp = Path(tempfile.mkdtemp(prefix="gpupool-bench-routing-"))
+    print(f"  logs in {tmp}", flush=True)
+    specs = worker_specs(args)
+    ports = {k: int(v) for k, v in (item.split("=") for item in args.attach.split(",") if item)}
+    workers = pool.start(specs, args.model_dir, tmp, args.kv_gib, ports)
+    targets: list[routers.Router] = []
+    try:
+        t0 = time.monotonic()
+        for w in workers:
+            pool.wait(w, 900)
+        print(f"  {len(workers)} vLLM workers ready after {time.monotonic() - t0:.0f} s: "
+              + ",".join(f"{w.name}={w.port}" for w in workers), flush=True)  # fmt: skip
+        if args.serve_workers:  # until SIGTERM (a background job ignores SIGINT)
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+            while True:
+                time.sleep(3600)
+        sz.tokens_per_word = tokens_per_word(workers[0])
+        targets = routers.build(args.routers.split(","), workers, tmp, tmp, args.router_cpus)
+        for t in targets:
+            t.proc.start()
+        for t in targets:
+            t.proc.wait_http(t.url + t.ready_path, 180)
+        res: dict[str, Any] = {
+            "sizes": asdict(sz),
+            "args": {k: str(v) for k, v in vars(args).items()},
+            "workers": [asdict(s) for s in specs],
+            "model": json.loads((args.model_dir / "config.json").read_text()),
+            "versions": {t.name: t.version for t in targets},
+            "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "order": [t.name for t in targets],
+            "runs": {},
+        }
+        asyncio.run(measure(args, sz, targets, workers, res))
+        res["wall_s"] = time.monotonic() - t0
+        return res
+    finally:
+        for t in targets:
+            t.proc.stop()
+        for w in workers:
+            if w.proc is not None:
+                w.proc.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.report_only:
+        res = json.loads((args.out / "results.json").read_text())
+    else:
+        raise_nofile()
+        res = run(args)
+    report.save(res, args.out, final=True)
+    print(f"wrote {args.out}/results.md, results.json and the plots", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

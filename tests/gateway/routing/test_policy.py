@@ -1,0 +1,75 @@
+"""The routing policy, pure: workers are registry dataclasses, no HTTP."""
+
+from __future__ import annotations
+
+from gpupool.gateway.routing.policy import Router, RouteRequest
+from gpupool.workers.registry import MediaCaps, Worker, WorkerState
+
+
+def worker(name: str, window: int = 4096, capacity: int = 4, **load: float) -> Worker:
+    w = Worker(name, "m", url=f"http://{name}", state=WorkerState.ready, max_model_len=window,
+               capacity=capacity)  # fmt: skip
+    w.inflight = int(load.pop("inflight", 0))
+    for k, v in load.items():
+        setattr(w, k, v)
+    return w
+
+
+def req(tokens: int = 100, key: int | None = None, **kw: int) -> RouteRequest:
+    return RouteRequest("m", tokens, True, prefix_key=key, **kw)
+
+
+def first(router: Router, r: RouteRequest, workers: list[Worker]) -> str:
+    return router.decide(r, workers).candidates[0].name
+
+
+def test_a_conversation_returns_to_its_worker_while_it_is_not_overloaded() -> None:
+    router, a, b = Router(), worker("a"), worker("b")
+    router.served(req(key=7), "a")
+    a.inflight = 2  # half busy; b idle: a miss would cost the whole history's prefill
+    assert first(router, req(key=7), [a, b]) == "a"
+
+
+def test_a_conversation_leaves_an_overloaded_worker_for_a_less_busy_one() -> None:
+    router, a, b = Router(), worker("a", inflight=3), worker("b", inflight=1)
+    router.served(req(key=7), "a")
+    assert first(router, req(key=7), [a, b]) == "b"
+
+
+def test_vllm_waiting_queue_ranks_a_worker_after_one_without() -> None:
+    router = Router()
+    waiting, free = worker("a", vllm_waiting=1), worker("b", vllm_waiting=0)
+    assert first(router, req(), [waiting, free]) == "b"
+
+
+def test_on_an_idle_pool_a_short_request_takes_the_smallest_window() -> None:
+    long_w, short_w = worker("long", 8192), worker("short", 2048)
+    assert {first(Router(), req(300), [long_w, short_w]) for _ in range(4)} == {"short"}
+
+
+def test_a_short_request_spills_to_the_long_window_once_the_small_one_is_a_band_busier() -> None:
+    long_w, short_w = worker("long", 8192), worker("short", 2048, inflight=1)
+    assert first(Router(), req(300), [long_w, short_w]) == "long"
+
+
+def test_a_conversation_on_a_worker_over_three_quarters_busy_is_placed_like_a_new_one() -> None:
+    router, a, b = Router(), worker("a", inflight=3), worker("b", inflight=3)
+    router.served(req(key=7), "b")
+    assert first(router, req(key=7), [a, b]) == "a"  # equal load: by name, not by affinity
+
+
+def test_a_prompt_longer_than_every_window_names_the_largest() -> None:
+    d = Router().decide(req(5000), [worker("a", 4096), worker("b", 2048)])
+    assert d.candidates == [] and d.too_long_for == 4096
+
+
+def test_a_worker_whose_window_is_below_max_tokens_is_skipped() -> None:
+    d = Router().decide(req(100, max_tokens=3000), [worker("a", 4096), worker("b", 2048)])
+    assert [w.name for w in d.candidates] == ["a"]
+
+
+def test_images_only_go_to_workers_that_admit_them() -> None:
+    text_only = worker("a")
+    text_only.media = MediaCaps(image=0)
+    d = Router().decide(req(100, image=1), [text_only])
+    assert d.candidates == [] and d.media_refused
