@@ -241,7 +241,12 @@ class RoutingConfig(_Strict):
         0.75, ge=0, le=1, description="Affinity is ignored when its worker is this loaded."
     )
     exact_count_margin: float = Field(
-        0.9, gt=0, le=1, description="Count tokens exactly above this fraction of a window."
+        0.9,
+        gt=0,
+        le=1,
+        description="A prompt whose estimate (bytes / 3) is below this fraction of the smallest "
+        "window above it is routed without counting; above it the worker's /tokenize counts "
+        "exactly. A worker's context-length 400 moves a misestimated prompt to a larger window.",
     )
     health_interval_s: float = Field(2.0, gt=0, description="Health-check period.")
     metrics_interval_s: float = Field(1.0, gt=0, description="Worker /metrics scrape period.")

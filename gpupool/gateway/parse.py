@@ -269,11 +269,20 @@ def _chat_prefix(body: dict[str, Any]) -> int | None:
     if not isinstance(messages, list) or not messages:
         raise _bad("messages: Field required (a non-empty list)", param="messages")
     parts: list[object] = []
-    for m in messages[:2]:
+    for m in _opening(messages):
         if not isinstance(m, dict):
             raise _bad("messages: each message must be an object", param="messages")
         parts.append((m.get("role"), _text_of(m.get("content"))))
     return hash(tuple(parts))
+
+
+def _opening(items: list[Any]) -> list[Any]:
+    """A conversation's opening: its items up to and including the first user turn (at most
+    four), the same in every later turn of it (turn 2 adds the answer and a new question)."""
+    for i, item in enumerate(items[:4]):
+        if isinstance(item, dict) and item.get("role") == "user":
+            return items[: i + 1]
+    return items[:2]
 
 
 def _completion_prefix(body: dict[str, Any]) -> int | None:
@@ -286,8 +295,8 @@ def _completion_prefix(body: dict[str, Any]) -> int | None:
 
 
 def _prefix_of(first: object, items: object) -> int | None:
-    """A conversation's key: its instructions/system text and its first two items."""
-    head = items[:2] if isinstance(items, list) else [items]
+    """A conversation's key: its instructions/system text and its opening items."""
+    head = _opening(items) if isinstance(items, list) else [items]
     return hash((_text_of(first), *(_text_of(i) for i in head)))
 
 

@@ -48,6 +48,8 @@ from gpupool.workers.registry import Registry
 # Bytes that any media part must contain (`\u` covers JSON-escaped spellings of them).
 _MEDIA_MARKERS = (b"image", b"video", b"audio", b"\\u")
 _BYTES_PER_TOKEN = 4  # a prompt's reserved tokens when not counted (the bound is bytes)
+# Routing's estimate: English runs about 4 bytes a token, JSON adds bytes, CJK about 3 (UTF-8).
+_ESTIMATE_BYTES_PER_TOKEN = 3
 
 
 class Pipeline:
@@ -215,6 +217,12 @@ class Pipeline:
         windows = [w.window for w in ready if w.window is not None]
         if not windows or bound < min(windows):
             return route(bound, False)
+        # Clear of the window it would go to: route by an estimate and skip the count (a
+        # round trip to a worker); a worker's context-length 400 moves it to a larger window.
+        estimate = len(req.raw) // _ESTIMATE_BYTES_PER_TOKEN
+        target = min((w for w in windows if w > estimate), default=None)
+        if target is not None and estimate < self.cfg.routing.exact_count_margin * target:
+            return route(estimate, False)
         if kind.count is not Count.none:
             counter = max(ready, key=lambda w: w.window or 0)
             assert counter.url is not None
