@@ -298,3 +298,53 @@ async def test_front_door_in_process_through_create_app() -> None:
     assert bad.status_code == 400
     assert await r.held() == 0
     await svc.client.close()
+
+
+def _windows_rig(path: FakePath, windows: tuple[int, ...]) -> Rig:
+    r = rig(path, capacity=4, workers=len(windows))
+    for w, window in zip(r.registry, windows, strict=True):
+        w.max_model_len = window
+    return r
+
+
+def _chat_of(chars: int) -> bytes:
+    return orjson.dumps({"model": MODEL, "max_tokens": 4,
+                         "messages": [{"role": "user", "content": "x" * chars}]})  # fmt: skip
+
+
+async def test_a_prompt_clear_of_its_window_is_routed_without_a_count() -> None:
+    """About 3,000 tokens by its bytes: only the 8K window can hold it, far from its edge, so
+    no `/tokenize` round trip before sending."""
+    r = _windows_rig(FakePath(), (2048, 8192))
+    await _finish(await _handle(r, _chat_of(9000), "/v1/chat/completions"))
+    assert [u for u, _ in r.path.calls] == ["http://w1/v1/chat/completions"]
+
+
+async def test_a_prompt_near_a_window_edge_is_counted_exactly() -> None:
+    counted = orjson.dumps({"count": 1500, "max_model_len": 8192})
+
+    def answer(url: str, body: bytes) -> FakeResponse:
+        return FakeResponse(body=counted) if url.endswith("/tokenize") else FakeResponse()
+
+    r = _windows_rig(FakePath(answer), (2048, 8192))
+    await _finish(await _handle(r, _chat_of(5800), "/v1/chat/completions"))
+    urls = [u for u, _ in r.path.calls]
+    assert urls[0].endswith("/tokenize")  # ~1,930 by its bytes: too near 2,048 to guess
+    assert urls[1] == "http://w0/v1/chat/completions"  # counted 1,500: the small window
+    assert await r.held() == 0
+
+
+def test_every_turn_of_a_conversation_has_the_same_key() -> None:
+    from gpupool.gateway.parse import parse_generate
+
+    def key(messages: list[dict[str, str]]) -> int | None:
+        raw = orjson.dumps({"model": MODEL, "messages": messages})
+        return parse_generate(raw, chat=True, max_depth=64).prefix_key
+
+    first = [{"role": "user", "content": "plan a trip"}]
+    second = [*first, {"role": "assistant", "content": "where?"},
+              {"role": "user", "content": "Lisbon"}]  # fmt: skip
+    other = [{"role": "user", "content": "write a poem"}]
+    system = [{"role": "system", "content": "be brief"}]
+    assert key(first) == key(second) != key(other)
+    assert key(system + first) == key(system + second) != key(system + other)
