@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from gpupool.gateway.errors import InvalidBody
 from gpupool.gateway.security.keys import Principal
 from gpupool.gateway.upstream.common import DROP_REQUEST_HEADERS
 
@@ -27,16 +26,6 @@ class Incoming:
             if k == name:
                 return v.decode("latin-1")
         return None
-
-    def number(self, name: bytes) -> float | None:
-        """A numeric header; 400 when present and not a number."""
-        value = self.header(name)
-        if value is None:
-            return None
-        try:
-            return float(value)
-        except ValueError:
-            raise InvalidBody(f"Header `{name.decode()}` must be a number.") from None
 
     def priority_range(self) -> tuple[int, int] | None:
         """The priorities the caller's key may ask for, or None without a key."""

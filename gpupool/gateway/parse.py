@@ -23,6 +23,7 @@ from gpupool.gateway.errors import BadRequest, InvalidBody
 
 PRIORITY_BOUND = 2**62  # vLLM's priority is a Python int; keep it a sane machine integer
 _PREFIX_CHARS = 4096
+_MANY = 4096  # containers beyond which parsing and the depth check take their fast paths
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,15 +46,7 @@ class Parsed:
     priority: int | None = None
     prefix_key: int | None = None
     sequences: int = 1  # n x prompts: the sequences the worker will generate
-    chat: bool = False  # counted with the chat template (``/tokenize`` with messages)
     usage_asked: bool = True  # a stream's client asked for the usage chunk
-
-    @property
-    def includes_usage(self) -> bool:
-        return not self.stream or self.usage_asked
-
-
-Generate = Parsed  # the chat / completions reading, under its historical name
 
 
 def _bad(msg: str, param: str | None = None) -> InvalidBody:
@@ -82,7 +75,7 @@ def load_json(raw: bytes, max_depth: int, max_containers: int = 200_000) -> dict
 def _nesting(raw: bytes, obj: object, containers: int) -> int:
     """How deep ``obj`` (parsed from ``raw``) nests: by walking it when it holds few
     containers, else from its bytes at C speed (strings removed, brackets summed)."""
-    if containers < 4096:
+    if containers < _MANY:
         return _depth(obj)
     brackets = _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
     return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
@@ -102,7 +95,7 @@ def _loads(raw: bytes, containers: int) -> Any:
     generational passes cost as much as the parse itself (measured: twice the time for
     100,000 nested arrays). The freshly parsed tree holds no cycles.
     """
-    if containers < 4096 or not gc.isenabled():
+    if containers < _MANY or not gc.isenabled():
         return orjson.loads(raw)
     gc.disable()
     try:
@@ -209,7 +202,7 @@ def parse_generate(
     key = _chat_prefix(body) if chat else _completion_prefix(body)
     return Parsed(
         body, raw, _model(body), stream, max_tokens, _priority(body), key,
-        _sequences(n, prompts, lim), chat, _usage_asked(body),
+        _sequences(n, prompts, lim), _usage_asked(body),
     )  # fmt: skip
 
 
@@ -242,7 +235,7 @@ def parse_messages(raw: bytes, limits: ReadLimits) -> Parsed:
     max_tokens = _opt_int(body, "max_tokens", 1)
     key = _prefix_of(body.get("system"), messages)
     return Parsed(body, raw, _model(body, required=True), _opt_bool(body, "stream"),
-                  max_tokens, None, key, chat=False)  # fmt: skip
+                  max_tokens, None, key)  # fmt: skip
 
 
 def parse_model_body(raw: bytes, limits: ReadLimits) -> Parsed:
@@ -253,12 +246,6 @@ def parse_model_body(raw: bytes, limits: ReadLimits) -> Parsed:
     count = len(inputs) if isinstance(inputs, list) and inputs and not isinstance(
         inputs[0], int) else 1  # fmt: skip
     return Parsed(body, raw, _model(body), sequences=_sequences(1, count, limits))
-
-
-def parse_model_only(raw: bytes, max_depth: int) -> tuple[dict[str, Any], str | None]:
-    """For callers that only need the model name."""
-    body = load_json(raw, max_depth)
-    return body, _model(body)
 
 
 # ---- prefix keys (affinity) ----------------------------------------------------------------

@@ -184,14 +184,19 @@ async def test_stream_read_to_the_end_is_released() -> None:
     assert await r.held() == 0
 
 
-async def test_cancelled_while_queued_leaves_the_queue() -> None:
-    gate = asyncio.Event()
+def _answer_after(gate: asyncio.Event) -> Handler:
+    """A worker that answers once ``gate`` is set."""
 
     async def slow(url: str, body: bytes) -> FakeResponse:
         await gate.wait()
         return FakeResponse()
 
-    r = rig(FakePath(slow))
+    return slow
+
+
+async def test_cancelled_while_queued_leaves_the_queue() -> None:
+    gate = asyncio.Event()
+    r = rig(FakePath(_answer_after(gate)))
     first = asyncio.ensure_future(_handle(r, _completion()))
     await asyncio.sleep(0.01)
     second = asyncio.ensure_future(_handle(r, _completion()))
@@ -209,12 +214,7 @@ async def test_cancelled_while_queued_leaves_the_queue() -> None:
 
 async def test_queue_timeout_is_a_429_and_releases_the_key() -> None:
     gate = asyncio.Event()
-
-    async def slow(url: str, body: bytes) -> FakeResponse:
-        await gate.wait()
-        return FakeResponse()
-
-    r = rig(FakePath(slow))
+    r = rig(FakePath(_answer_after(gate)))
     first = asyncio.ensure_future(_handle(r, _completion()))
     await asyncio.sleep(0.01)
     with pytest.raises(QueueTimeout):

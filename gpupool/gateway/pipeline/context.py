@@ -24,7 +24,7 @@ _FALSE = frozenset({"0", "false", "no", "off", ""})
 
 def build_context(incoming: Incoming, req: Parsed) -> Context:
     ours = {k: v.decode("latin-1") for k, v in incoming.headers if k.startswith(b"x-gpupool-")}
-    priority = _priority_header(ours) if ours else None
+    priority = _priority_header(ours)
     if priority is None:
         priority = req.priority or 0
     allowed = incoming.priority_range()
@@ -33,8 +33,6 @@ def build_context(incoming: Incoming, req: Parsed) -> Context:
     headers = incoming.forward_headers()
     headers["content-type"] = "application/json"
     headers["x-request-id"] = incoming.request_id
-    if not ours:
-        return Context(incoming.request_id, incoming.tenant(), priority, None, headers)
     return Context(
         incoming.request_id, incoming.tenant(), priority, _max_wait(ours), headers,
         _flag(ours, QUEUE_EVENTS),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpupool.config.models import ModelConfig
 from gpupool.gateway.admission.base import Lease, Ticket
@@ -138,4 +138,3 @@ class ExchangeDeps:
     registry: Registry
     router: Router
     metrics: Metrics
-    extra: dict[str, Any] = field(default_factory=dict)

@@ -58,8 +58,7 @@ class QueuedStream:
             return
         self.ex = ex = Exchange(self.deps, self.plan, lease, self.hold)
         try:
-            data = await self.relay.dispatcher.send(ex)
-            self.relay.for_worker(ex)
+            data = await self.relay.open(ex)
         except GatewayError as e:
             yield stream_error(ex, e)
             return

@@ -66,19 +66,22 @@ class Relay:
             return [*resp.headers, ("x-gpupool-worker", ex.worker)]
         return resp.headers
 
-    # ---- whole bodies ----------------------------------------------------------------------
-
-    def for_worker(self, ex: Exchange) -> None:
-        """Once the worker is known: one that runs vLLM's reasoning parser is never split again."""
+    async def open(self, ex: Exchange) -> bytes | None:
+        """Send ``ex`` (retries included; ``ex.resp`` is set) and fit its transform to the
+        worker it landed on: one that runs vLLM's reasoning parser is never split again.
+        Returns the body when it had to be read (an error passed on)."""
+        data = await self.dispatcher.send(ex)
         opts = ex.plan.transform
         w = self.registry.get(ex.worker)
         if opts is not None and w is not None and w.reasoning_parser is not None:
             opts = opts.for_worker(w.reasoning_parser)
             ex.plan.transform = opts if opts.needs_transform else None
+        return data
+
+    # ---- whole bodies ----------------------------------------------------------------------
 
     async def whole(self, ex: Exchange) -> Reply:
-        data = await self.dispatcher.send(ex)
-        self.for_worker(ex)
+        data = await self.open(ex)
         resp = ex.resp
         assert resp is not None
         try:
@@ -183,8 +186,7 @@ class Relay:
     # ---- streams ---------------------------------------------------------------------------
 
     async def stream(self, ex: Exchange) -> Reply:
-        data = await self.dispatcher.send(ex)
-        self.for_worker(ex)
+        data = await self.open(ex)
         resp = ex.resp
         assert resp is not None
         if data is not None:
@@ -340,6 +342,3 @@ def _usage_of(obj: dict[str, Any]) -> object:
         inner = obj.get("response") or obj.get("message")
         usage = inner.get("usage") if isinstance(inner, dict) else None
     return usage
-
-
-__all__ = ["Relay", "TransformOptions"]
