@@ -7,11 +7,18 @@ once and keep who the caller is (``principal``), as the front door (``front.py``
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 
 from gpupool.gateway.security.keys import Principal
-from gpupool.gateway.upstream.common import DROP_REQUEST_HEADERS
+
+
+@functools.lru_cache(maxsize=1024)
+def _hashed(key: str) -> str:
+    """A presented key's tenant name without auth: its SHA-256, cached (a client sends the
+    same key on every request)."""
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 @dataclass(slots=True)
@@ -42,12 +49,4 @@ class Incoming:
         if self.principal is not None:
             return self.principal.tenant
         key = self.header(b"authorization") or self.header(b"x-api-key")
-        return hashlib.sha256(key.encode()).hexdigest()[:16] if key else "anonymous"
-
-    def forward_headers(self) -> dict[str, str]:
-        """The client's headers a worker may see (hop-by-hop and gateway ones dropped)."""
-        return {
-            k.decode("latin-1"): v.decode("latin-1")
-            for k, v in self.headers
-            if k not in DROP_REQUEST_HEADERS
-        }
+        return _hashed(key) if key else "anonymous"

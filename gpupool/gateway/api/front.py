@@ -1,14 +1,18 @@
-"""The front door: a pure ASGI app that serves the token-bearing routes itself.
+"""The front door: serves the token-bearing routes itself, two ways in, one way through.
 
 Chat, completions and the pass-through POST routes carry every token, so they skip Starlette's
-router, middleware stack and ``Request`` objects: one function here gives the request its id,
-authenticates it, reads the bounded body, runs the route's handler and writes the
-:class:`Reply`. Everything else (health, metrics, the model list, admin) goes on to Starlette,
-whose middleware does the same id and auth work for those routes.
+router, middleware stack and ``Request`` objects. Under ``gpupool serve`` they do not even go
+through ASGI: the HTTP protocol hands them over as a :class:`~gpupool.gateway.api.lane.Lane`
+(``head`` when the head is in, ``serve_lane`` once the body is). Under any other ASGI server
+(and in tests without sockets) this is a pure ASGI app that does the same. Either way one
+function (``_respond``) runs the route's handler and writes the :class:`Reply`. Everything else
+(health, metrics, the model list, admin) goes on to Starlette, whose middleware does the same
+id and auth work for those routes.
 
-While a handler runs, one watcher task listens for the client's disconnect and cancels it: a
-queued request leaves the queue, a worker connection is dropped (vLLM aborts the request), and
-a stream stops, so nothing runs for a client that has gone.
+While a handler runs, a client that disconnects cancels it (a callback from the connection,
+or a task waiting on ``receive()`` under other servers): a queued request leaves the queue, a
+worker connection is dropped (vLLM aborts the request), and a stream stops, so nothing runs
+for a client that has gone.
 """
 
 from __future__ import annotations
@@ -16,30 +20,33 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 from starlette.applications import Starlette
 from starlette.types import Message, Receive, Scope, Send
 
-from gpupool.gateway.api.errors import reject
+from gpupool.gateway.api.errors import error_reply, reject
+from gpupool.gateway.api.lane import Lane
 from gpupool.gateway.api.middleware import (
     current_request_id,
     new_request_id,
     read_body,
     request_id_of,
 )
-from gpupool.gateway.api.openai_routes import BODY_ROUTES, BodyHandler
 from gpupool.gateway.api.protocol import CoalescingCycle
 from gpupool.gateway.api.responses import write_reply
 from gpupool.gateway.errors import GatewayError, RequestTimeout
 from gpupool.gateway.incoming import Incoming
+from gpupool.gateway.pipeline.kinds import KINDS, Kind
+from gpupool.gateway.reply import Reply
 from gpupool.gateway.security.middleware import Authenticator
 
 if TYPE_CHECKING:
-    from gpupool.config.models import GpupoolConfig
+    from gpupool.config.models import GpupoolConfig, ServerConfig
     from gpupool.gateway.services import Services
 
 log = logging.getLogger("gpupool.api")
+prompts_log = logging.getLogger("gpupool.requests")
 
 
 class MethodNotAllowed(GatewayError):
@@ -51,21 +58,25 @@ class Front:
     def __init__(self, app: Starlette, cfg: GpupoolConfig) -> None:
         self.app = app
         self.auth = Authenticator(cfg.auth)
+        self.server = cfg.server
+        self.log_prompts = cfg.server.log_prompts
+
+    # ---- through ASGI (any server; under `gpupool serve`, what the lane does not take) ----
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        handler = BODY_ROUTES.get(scope["path"]) if scope["type"] == "http" else None
-        if handler is None:
+        kind = KINDS.get(scope["path"]) if scope["type"] == "http" else None
+        if kind is None:
             await self.app(scope, receive, send)
             return
         rid = request_id_of(scope["headers"]) or new_request_id()
         token = current_request_id.set(rid.decode("latin-1"))
         try:
-            await self._serve(handler, scope, receive, send, rid)
+            await self._serve(kind, scope, receive, send, rid)
         finally:
             current_request_id.reset(token)
 
     async def _serve(
-        self, handler: BodyHandler, scope: Scope, receive: Receive, send: Send, rid: bytes
+        self, kind: Kind, scope: Scope, receive: Receive, send: Send, rid: bytes
     ) -> None:
         extra = [(b"x-request-id", rid)]
         headers: list[tuple[bytes, bytes]] = scope["headers"]
@@ -73,30 +84,88 @@ class Front:
             principal = self.auth.check(scope["path"], headers)
             if scope["method"] != "POST":
                 raise MethodNotAllowed("Method Not Allowed")
-            svc = cast("Services", self.app.state.services)
-            raw = await _body(svc, headers, receive)
+            raw = await _body(self.server, headers, receive)
         except GatewayError as e:
             await reject(e, send, extra)
             return
         incoming = Incoming(rid.decode("latin-1"), headers, principal)
         task = asyncio.current_task()
         assert task is not None
-        gone: list[bool] = []
-        watcher = _watch_disconnect(send, receive, task, gone)
+        await self._respond(kind, incoming, raw, _AsgiOut(send, receive), task)
+
+    # ---- the lane (``lane.py``): served straight from the HTTP protocol --------------------
+
+    def head(self, lane: Lane, method: bytes) -> bool:
+        """Whether ``lane.path`` is a route the lane serves; if so, its kind and caller (or the
+        error its head earns) are set on ``lane``."""
+        kind = KINDS.get(lane.path)
+        if kind is None:
+            return False
+        lane.kind = kind
         try:
+            lane.principal = self.auth.check(lane.path, lane.headers)
+            if method != b"POST":
+                raise MethodNotAllowed("Method Not Allowed")
+        except GatewayError as e:
+            lane.error = e
+        return True
+
+    def refuse(self, lane: Lane) -> None:
+        """Answer ``lane.error`` now and close the connection (its body is not read)."""
+        assert lane.error is not None
+        rid = request_id_of(lane.headers) or new_request_id()
+        lane.write_now(error_reply(lane.error), [(b"x-request-id", rid)], close=True)
+
+    async def serve_lane(self, lane: Lane) -> None:
+        rid = request_id_of(lane.headers) or new_request_id()
+        current_request_id.set(rid.decode("latin-1"))  # the lane's own task: no reset needed
+        if lane.error is not None:
+            lane.write_now(error_reply(lane.error), [(b"x-request-id", rid)], close=False)
+            return
+        assert lane.kind is not None and lane.task is not None
+        incoming = Incoming(rid.decode("latin-1"), lane.headers, lane.principal)
+        await self._respond(lane.kind, incoming, lane.raw_body(), lane, lane.task)
+
+    # ---- both ------------------------------------------------------------------------------
+
+    async def _respond(
+        self,
+        kind: Kind,
+        incoming: Incoming,
+        raw: bytes,
+        out: Out,
+        task: asyncio.Task[None],
+    ) -> None:
+        """Run the pipeline and write its reply; the reply's ``after`` always runs.
+
+        While the handler runs and the reply is written, a client that disconnects cancels
+        ``task``: a queued request leaves the queue, a worker connection is dropped.
+        """
+        extra = [(b"x-request-id", incoming.request_id.encode("latin-1"))]
+        svc = cast("Services", self.app.state.services)
+        gone: list[bool] = []
+
+        def left() -> None:
+            gone.append(True)
+            task.cancel()
+
+        out.watch(left)
+        try:
+            if self.log_prompts:
+                prompts_log.info("%s body: %s", kind.path, raw[:8192].decode("utf-8", "replace"))
             try:
-                reply = await handler(svc, incoming, raw)
+                reply = await svc.pipeline.handle(kind, incoming, raw)
             except GatewayError as e:
-                await reject(e, send, extra)
+                await out.write(error_reply(e), extra)
                 return
             except Exception:
-                log.exception("unexpected error on %s %s", scope["method"], scope["path"])
-                await reject(GatewayError("Internal server error."), send, extra)
+                log.exception("unexpected error on POST %s", kind.path)
+                await out.write(error_reply(GatewayError("Internal server error.")), extra)
                 return
             try:
-                await write_reply(reply, send, extra)
+                await out.write(reply, extra)
             finally:
-                watcher.cancel()
+                out.unwatch()
                 if reply.after is not None:
                     await _after(reply.after)
         except asyncio.CancelledError:
@@ -104,7 +173,46 @@ class Front:
                 raise
             task.uncancel()  # the client left; it is not our task that is being cancelled
         finally:
-            watcher.cancel()
+            out.unwatch()
+
+
+class Out(Protocol):
+    """Where the front door writes a reply, and hears of the client leaving."""
+
+    async def write(self, reply: Reply, extra: list[tuple[bytes, bytes]]) -> None: ...
+
+    def watch(self, callback: Callable[[], None]) -> None: ...
+
+    def unwatch(self) -> None: ...
+
+
+class _AsgiOut:
+    """:class:`Out` through ASGI's ``send``; the disconnect heard from gpupool's own request
+    cycle (a callback, no task) or, under any other server, by a task waiting on ``receive``."""
+
+    __slots__ = ("_stop", "receive", "send")
+
+    def __init__(self, send: Send, receive: Receive) -> None:
+        self.send = send
+        self.receive = receive
+        self._stop: Callable[[], object] | None = None
+
+    async def write(self, reply: Reply, extra: list[tuple[bytes, bytes]]) -> None:
+        await write_reply(reply, self.send, extra)
+
+    def watch(self, callback: Callable[[], None]) -> None:
+        cycle = getattr(self.send, "__self__", None)
+        if isinstance(cycle, CoalescingCycle):
+            cycle.flow.resume_reading()  # a large body may have paused it: a close must be seen
+            cycle.on_disconnect(callback)
+            self._stop = lambda: cycle.on_disconnect(None)
+        else:
+            self._stop = asyncio.ensure_future(_watch(self.receive, callback)).cancel
+
+    def unwatch(self) -> None:
+        if self._stop is not None:
+            self._stop()
+            self._stop = None
 
 
 async def _after(after: Callable[[], Awaitable[None]]) -> None:
@@ -115,7 +223,9 @@ async def _after(after: Callable[[], Awaitable[None]]) -> None:
         log.exception("request book-keeping failed")
 
 
-async def _body(svc: Services, headers: list[tuple[bytes, bytes]], receive: Receive) -> bytes:
+async def _body(
+    server: ServerConfig, headers: list[tuple[bytes, bytes]], receive: Receive
+) -> bytes:
     """The whole body, within the configured size (413) and time (408).
 
     The deadline is one timer that cancels this task (``asyncio.timeout`` does the same with
@@ -126,7 +236,6 @@ async def _body(svc: Services, headers: list[tuple[bytes, bytes]], receive: Rece
         if k == b"content-length":
             declared = int(v) if v.isdigit() else None
             break
-    server = svc.cfg.server
     task = asyncio.current_task()
     assert task is not None
     expired: list[bool] = []
@@ -147,43 +256,9 @@ def _expire(task: asyncio.Task[None], expired: list[bool]) -> None:
     task.cancel()
 
 
-class _Watch:
-    """Stops watching for the client's disconnect: ``cancel()``, whichever way it watches."""
-
-    __slots__ = ("cycle",)
-
-    def __init__(self, cycle: CoalescingCycle) -> None:
-        self.cycle = cycle
-
-    def cancel(self) -> None:
-        self.cycle.on_disconnect(None)
-
-
-def _watch_disconnect(
-    send: Send, receive: Receive, task: asyncio.Task[None], gone: list[bool]
-) -> _Watch | asyncio.Future[None]:
-    """Cancel ``task`` when the client disconnects.
-
-    Under gpupool's own HTTP protocol the request cycle calls back when the connection drops
-    (no extra task); under any other ASGI server a task waits on ``receive()``.
-    """
-    cycle = getattr(send, "__self__", None)
-    if isinstance(cycle, CoalescingCycle):
-
-        def left() -> None:
-            gone.append(True)
-            task.cancel()
-
-        cycle.flow.resume_reading()  # a large body may have paused it: a close must be seen
-        cycle.on_disconnect(left)
-        return _Watch(cycle)
-    return asyncio.ensure_future(_watch(receive, task, gone))
-
-
-async def _watch(receive: Receive, task: asyncio.Task[None], gone: list[bool]) -> None:
+async def _watch(receive: Receive, callback: Callable[[], None]) -> None:
     while True:
         message: Message = await receive()
         if message["type"] == "http.disconnect":
-            gone.append(True)
-            task.cancel()
+            callback()
             return

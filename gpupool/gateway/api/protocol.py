@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from uvicorn.protocols.http.httptools_impl import (
     HEADER_RE,
@@ -28,6 +28,12 @@ from uvicorn.protocols.http.httptools_impl import (
     HttpToolsProtocol,
     RequestResponseCycle,
 )
+
+from gpupool.gateway.api.lane import Lane
+from gpupool.gateway.errors import PayloadTooLarge, RequestTimeout
+
+if TYPE_CHECKING:
+    from gpupool.gateway.api.front import Front
 
 
 class HeadTooLarge(Exception):
@@ -42,16 +48,29 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     _in_head = False
     _idle_since: float | None = None  # when the last response completed; None while busy
     _idle_timer: asyncio.TimerHandle | None = None
+    _front: Front | None = None  # the lane's front door; None: every request through ASGI
+    _body_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm()
+        from gpupool.gateway.api.front import Front
+
+        app = self.app
+        if (
+            isinstance(app, Front)
+            and not self.access_log
+            and not self.root_path
+            and self.limit_concurrency is None
+        ):
+            self._front = app
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
+        self._stop_body_timer()
         super().connection_lost(exc)
 
     # ---- keep-alive: one timer per connection -----------------------------------------------
@@ -111,14 +130,33 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             super().send_400_response(msg)
 
     def on_message_begin(self) -> None:
-        super().on_message_begin()
+        """uvicorn's, but the ASGI scope is built only for a request that goes through ASGI."""
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
         self._head_bytes = 0
         self._in_head = True
+
+    def _new_scope(self) -> Any:
+        return {
+            "type": "http",
+            "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
+            "http_version": "1.1",
+            "server": self.server,
+            "client": self.client,
+            "scheme": self.scheme,
+            "root_path": self.root_path,
+            "headers": self.headers,
+            "state": self.app_state.copy(),
+        }
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
         if self._in_head:  # a head split across reads: from now on it has a deadline
             self._arm()
+        lane: object = self.cycle
+        if type(lane) is Lane and lane.task is None:
+            self._settle(lane)  # its body is still arriving (or it was refused)
 
     # The head's size is counted inline (no helper call per header: a client sends a dozen).
     def on_url(self, url: bytes) -> None:
@@ -137,11 +175,115 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = False
         if self._head_timer is not None:
             self._disarm()
+        if self._front is not None and self._to_lane(self._front):
+            return
+        self.scope = self._new_scope()
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and type(cycle) is RequestResponseCycle:
             # Its task has not run yet: it looks ``send`` up on the class when it starts.
             cycle.__class__ = CoalescingCycle
+
+    # ---- the lane (``lane.py``) ----------------------------------------------------------------
+
+    def _to_lane(self, front: Front) -> bool:
+        """Take the request onto the lane if it is a plain POST to a pipeline route."""
+        parser, url = self.parser, self.url
+        if (
+            b"?" in url
+            or b"%" in url
+            or not url.startswith(b"/")
+            or parser.get_http_version() != "1.1"
+            or parser.should_upgrade()
+            or not url.isascii()
+        ):
+            return False
+        lane = Lane(
+            self.transport, self.flow, url.decode("ascii"), self.headers,
+            parser.should_keep_alive(), self.server_state.default_headers,
+            self.on_response_complete,
+        )  # fmt: skip
+        if not front.head(lane, parser.get_method()):
+            return False
+        if lane.error is None:
+            declared = _content_length(self.headers)
+            if declared is not None and declared > front.server.max_body_bytes:
+                lane.error = PayloadTooLarge(
+                    f"Request body larger than {front.server.max_body_bytes} bytes."
+                )
+                lane.closing = True
+        if self.expect_100_continue and lane.error is None:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        existing = self.cycle
+        self.cycle = lane  # type: ignore[assignment]
+        if existing is None or existing.response_complete:
+            lane.ready = True
+        else:  # pipelined: it waits for the responses before it (``_start_asgi_task``)
+            self.flow.pause_reading()
+            self.pipeline.appendleft((lane, None))  # type: ignore[arg-type]
+        return True
+
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        if type(cycle) is Lane:
+            cycle.ready = True
+            self._settle(cycle)
+        else:
+            super()._start_asgi_task(cycle, app)
+
+    def on_body(self, body: bytes) -> None:
+        lane: object = self.cycle
+        if type(lane) is not Lane:
+            super().on_body(body)
+            return
+        if lane.closing or lane.response_started:
+            return
+        lane.size += len(body)
+        front = cast("Front", self._front)
+        if lane.size > front.server.max_body_bytes:
+            lane.error = PayloadTooLarge(
+                f"Request body larger than {front.server.max_body_bytes} bytes."
+            )
+            lane.closing = True
+            lane.body.clear()
+            return
+        lane.body.append(body)
+
+    def on_message_complete(self) -> None:
+        lane: object = self.cycle
+        if type(lane) is not Lane:
+            super().on_message_complete()
+            return
+        lane.complete = True
+        self._settle(lane)
+
+    def _settle(self, lane: Lane) -> None:
+        """Start the lane's task, refuse it, or give its body a deadline, as things stand."""
+        if not lane.ready or lane.task is not None or lane.response_started:
+            return
+        if self.transport.is_closing():
+            return
+        front = cast("Front", self._front)
+        if lane.complete and not lane.closing:
+            self._stop_body_timer()
+            lane.start(self.loop, front.serve_lane, self.tasks)
+        elif lane.error is not None and (lane.closing or not lane.complete):
+            self._stop_body_timer()
+            front.refuse(lane)
+        elif self._body_timer is None:
+            self._body_timer = self.loop.call_later(front.server.body_timeout_s, self._body_late)
+
+    def _body_late(self) -> None:
+        self._body_timer = None
+        lane: object = self.cycle
+        if type(lane) is Lane and not lane.complete and lane.task is None:
+            lane.error = RequestTimeout("The request body did not arrive in time.")
+            lane.closing = True
+            self._settle(lane)
+
+    def _stop_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
 
     def _send_431(self) -> None:
         body = (
@@ -287,6 +429,13 @@ class CoalescingCycle(RequestResponseCycle):
                 transport.write(b"".join(buffered.parts))
             if buffered.closed:
                 transport.close()
+
+
+def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    for k, v in headers:
+        if k == b"content-length":
+            return int(v) if v.isdigit() else None
+    return None
 
 
 def _sized(message: Any) -> bool:

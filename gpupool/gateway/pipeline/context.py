@@ -14,6 +14,7 @@ from gpupool.gateway.errors import InvalidBody
 from gpupool.gateway.incoming import Incoming
 from gpupool.gateway.parse import PRIORITY_BOUND, Parsed
 from gpupool.gateway.pipeline.exchange import Context
+from gpupool.gateway.upstream.common import DROP_REQUEST_HEADERS
 
 PRIORITY = b"x-gpupool-priority"
 MAX_WAIT = b"x-gpupool-max-wait"
@@ -23,20 +24,28 @@ _FALSE = frozenset({"0", "false", "no", "off", ""})
 
 
 def build_context(incoming: Incoming, req: Parsed) -> Context:
-    ours = {k: v.decode("latin-1") for k, v in incoming.headers if k.startswith(b"x-gpupool-")}
-    priority = _priority_header(ours)
+    # One pass over the client's headers: ours to read, the rest a worker may see (hop-by-hop
+    # and gateway ones dropped).
+    ours: dict[bytes, str] = {}
+    headers: dict[str, str] = {}
+    for k, v in incoming.headers:
+        if k.startswith(b"x-gpupool-"):
+            ours[k] = v.decode("latin-1")
+        if k not in DROP_REQUEST_HEADERS:
+            headers[k.decode("latin-1")] = v.decode("latin-1")
+    headers["content-type"] = "application/json"
+    headers["x-request-id"] = incoming.request_id
+    priority, max_wait, events = (
+        (_priority_header(ours), _max_wait(ours), _flag(ours, QUEUE_EVENTS))
+        if ours
+        else (None, None, False)
+    )
     if priority is None:
         priority = req.priority or 0
     allowed = incoming.priority_range()
     if allowed is not None:
         priority = min(max(priority, allowed[0]), allowed[1])
-    headers = incoming.forward_headers()
-    headers["content-type"] = "application/json"
-    headers["x-request-id"] = incoming.request_id
-    return Context(
-        incoming.request_id, incoming.tenant(), priority, _max_wait(ours), headers,
-        _flag(ours, QUEUE_EVENTS),
-    )  # fmt: skip
+    return Context(incoming.request_id, incoming.tenant(), priority, max_wait, headers, events)
 
 
 def _number(ours: dict[bytes, str], name: bytes) -> float | None:

@@ -85,10 +85,13 @@ class Exchange:
             return
         p = usage.get("prompt_tokens", usage.get("input_tokens"))
         c = usage.get("completion_tokens", usage.get("output_tokens"))
-        if isinstance(p, int) and p > self.prompt:
-            self.prompt = p
-        if isinstance(c, int) and c > self.completion:
-            self.completion = c
+        self.note_counts(p if isinstance(p, int) else 0, c if isinstance(c, int) else 0)
+
+    def note_counts(self, prompt: int, completion: int) -> None:
+        if prompt > self.prompt:
+            self.prompt = prompt
+        if completion > self.completion:
+            self.completion = completion
 
     @property
     def tokens(self) -> int | None:

@@ -45,8 +45,6 @@ from gpupool.gateway.transform.chat import TransformOptions, normalize_request_m
 from gpupool.gateway.upstream.client import DataPath
 from gpupool.workers.registry import Registry
 
-# Bytes that any media part must contain (`\u` covers JSON-escaped spellings of them).
-_MEDIA_MARKERS = (b"image", b"video", b"audio", b"\\u")
 _BYTES_PER_TOKEN = 4  # a prompt's reserved tokens when not counted (the bound is bytes)
 # Routing's estimate: English runs about 4 bytes a token, JSON adds bytes, CJK about 3 (UTF-8).
 _ESTIMATE_BYTES_PER_TOKEN = 3
@@ -181,7 +179,8 @@ class Pipeline:
 
     async def _check_media(self, req: Parsed, model: ModelConfig) -> multimodal.MediaCounts:
         """Media counts (zero without any media marker in the bytes), after every media check."""
-        if not any(m in req.raw for m in _MEDIA_MARKERS):
+        raw = req.raw  # any media part holds one of these (`\u`: their JSON-escaped spellings)
+        if not (b"image" in raw or b"video" in raw or b"audio" in raw or b"\\u" in raw):
             return multimodal.MediaCounts(0, 0, 0)
         counts = multimodal.count_media(req.body)
         multimodal.check_limits(counts, model.limits or self._worker_limits(model))

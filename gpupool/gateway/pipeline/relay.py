@@ -44,6 +44,10 @@ from gpupool.workers.registry import Registry
 _DONE = b"data: [DONE]\n\n"
 # vLLM's usage object: numbers, nulls and one level of nested *_details objects
 _USAGE = re.compile(rb'"usage":(\{(?:[^{}]|\{[^{}]*\})*\})')
+# ... and the way vLLM writes it, read without parsing it (the usual case)
+_VLLM_USAGE = re.compile(
+    rb'"usage":\{"prompt_tokens":(\d+),"total_tokens":\d+,"completion_tokens":(\d+)'
+)
 
 
 class Relay:
@@ -178,7 +182,13 @@ class Relay:
     def _body_usage(self, ex: Exchange, data: bytes) -> None:
         """Read only the ``usage`` object of a body that passes through untouched."""
         start = data.rfind(b'"usage":{')
-        found = _USAGE.match(data, start) if start >= 0 else None
+        if start < 0:
+            return
+        plain = _VLLM_USAGE.match(data, start)
+        if plain is not None:
+            ex.note_counts(int(plain[1]), int(plain[2]))
+            return
+        found = _USAGE.match(data, start)
         if found is not None:
             with contextlib.suppress(orjson.JSONDecodeError):
                 ex.note_usage(orjson.loads(found.group(1)))

@@ -13,8 +13,8 @@ address.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
-from typing import Protocol
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -59,6 +59,10 @@ class UpstreamClient:
         )
         self._pool = Http1Pool(connect_timeout_s, read_timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        # The data path's one method is the pool's own (no wrapper coroutine per request).
+        self.open: Callable[
+            [str, str, bytes | None, Mapping[str, str]], Coroutine[Any, Any, UpstreamResponse]
+        ] = self._pool.open
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -80,12 +84,3 @@ class UpstreamClient:
         await self._pool.close()
         if self._session is not None:
             await self._session.close()
-
-    async def open(
-        self,
-        method: str,
-        url: str,
-        body: bytes | None,
-        headers: Mapping[str, str],
-    ) -> UpstreamResponse:
-        return await self._pool.open(method, url, body, headers)

@@ -1,0 +1,256 @@
+"""The token-bearing routes served straight from the HTTP protocol, without ASGI in between.
+
+Under ``gpupool serve`` (uvicorn's httptools protocol, ``protocol.py``), a ``POST`` to one of
+the pipeline's routes (``pipeline/kinds.py``) is not turned into an ASGI scope, a request
+cycle, ``receive``/``send`` messages and a task started before its body: the protocol collects
+the head and the body into a :class:`Lane` and starts one task when the body is complete. The
+task runs the same front door code as the ASGI path (``front.py``): auth, the pipeline, the
+error envelope, the reply's ``after``. The lane writes the reply itself: a whole body as one
+buffer, a stream chunk by chunk with chunked framing, paused while the client's socket is.
+
+The limits stay where they were, enforced here instead of in the body reader: a declared or
+received body over ``server.max_body_bytes`` is a 413, a body still arriving after
+``server.body_timeout_s`` a 408; both close the connection (the rest of the body is not read).
+A head the front door refuses (no key, wrong method) is answered once the body is in, or at
+once, with the connection closed, if the body is still arriving.
+
+Anything else (other routes, ``Expect`` handling aside, an access log, a root path, a query
+string, a percent-encoded path, HTTP/1.0) takes uvicorn's own way through ASGI, unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+from uvicorn.protocols.http.flow_control import FlowControl
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE
+
+from gpupool.gateway.api.errors import error_reply
+from gpupool.gateway.errors import GatewayError
+from gpupool.gateway.reply import Reply
+
+if TYPE_CHECKING:
+    from gpupool.gateway.pipeline.kinds import Kind
+    from gpupool.gateway.security.keys import Principal
+
+log = logging.getLogger("gpupool.api")
+
+_CHUNK_END = b"0\r\n\r\n"
+
+
+class HeaderSplit(Exception):
+    """A reply header with a line break in it: never written (response splitting)."""
+
+
+class Lane:
+    """One request on the lane: its head and body in, its reply out.
+
+    Stands where uvicorn's protocol expects its request cycle (``protocol.cycle``): it has the
+    attributes the protocol reads and sets (``response_complete``, ``disconnected``,
+    ``keep_alive``, ``message_event``).
+    """
+
+    __slots__ = (
+        "_gone",
+        "_on_gone",
+        "body",
+        "closing",
+        "complete",
+        "default_headers",
+        "error",
+        "flow",
+        "headers",
+        "keep_alive",
+        "kind",
+        "on_response",
+        "path",
+        "principal",
+        "ready",
+        "response_complete",
+        "response_started",
+        "size",
+        "task",
+        "transport",
+    )
+
+    def __init__(
+        self,
+        transport: asyncio.Transport,
+        flow: FlowControl,
+        path: str,
+        headers: list[tuple[bytes, bytes]],
+        keep_alive: bool,
+        default_headers: list[tuple[bytes, bytes]],
+        on_response: Callable[[], None],
+    ) -> None:
+        self.transport = transport
+        self.flow = flow
+        self.path = path
+        self.headers = headers
+        self.keep_alive = keep_alive
+        self.default_headers = default_headers
+        self.on_response = on_response
+        self.kind: Kind | None = None
+        self.principal: Principal | None = None
+        self.error: GatewayError | None = None  # the head was refused: answer this
+        self.closing = False  # the body is not read: answer ``error`` and close
+        self.body: list[bytes] = []
+        self.size = 0
+        self.complete = False  # the whole body is in
+        self.ready = False  # the connection's earlier responses are written
+        self.task: asyncio.Task[None] | None = None
+        self.response_started = False
+        self.response_complete = False
+        self._gone = False
+        self._on_gone: Callable[[], None] | None = None
+
+    # ---- what uvicorn's protocol touches ----------------------------------------------------
+
+    @property
+    def disconnected(self) -> bool:
+        return self._gone
+
+    @disconnected.setter
+    def disconnected(self, value: bool) -> None:
+        self._gone = value
+        callback = self._on_gone
+        if value and callback is not None:
+            self._on_gone = None
+            callback()
+
+    @property
+    def message_event(self) -> _Unwaited:
+        return _UNWAITED  # ``connection_lost`` sets it; nothing on the lane waits on it
+
+    # ---- the front door's side ---------------------------------------------------------------
+
+    def watch(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once if the client disconnects (at once if it has)."""
+        if self._gone:
+            callback()
+            return
+        self._on_gone = callback
+        self.flow.resume_reading()  # a paused socket would not see the close
+
+    def unwatch(self) -> None:
+        self._on_gone = None
+
+    def raw_body(self) -> bytes:
+        body = self.body
+        return body[0] if len(body) == 1 else b"".join(body)
+
+    def start(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        run: Callable[[Lane], Coroutine[Any, Any, None]],
+        tasks: set[Any],
+    ) -> None:
+        """Serve it (the body is in, the connection's earlier responses are out)."""
+        task = self.task = loop.create_task(self._run(run))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    async def _run(self, run: Callable[[Lane], Coroutine[Any, Any, None]]) -> None:
+        try:
+            await run(self)
+        except BaseException as exc:  # as uvicorn's run_asgi: a 500 if nothing went out yet
+            if not isinstance(exc, asyncio.CancelledError):
+                log.error("unexpected error on the request lane", exc_info=exc)
+            if not self.response_started and not self._gone:
+                self.write_now(_internal_error(), [], close=True)
+            else:
+                self.transport.close()
+            if not isinstance(exc, Exception):
+                raise
+        else:
+            if not self.response_complete and not self._gone:
+                self.transport.close()
+
+    # ---- writing -----------------------------------------------------------------------------
+
+    def write_now(self, reply: Reply, extra: list[tuple[bytes, bytes]], close: bool) -> None:
+        """A whole reply in one write (``close``: then close the connection)."""
+        if close:
+            self.keep_alive = False
+        self._whole(reply, extra)
+
+    async def write(self, reply: Reply, extra: list[tuple[bytes, bytes]]) -> None:
+        """``reply`` with ``extra`` headers: a sized body, or a stream until it ends."""
+        if reply.stream is None:
+            self._whole(reply, extra)
+            return
+        stream = reply.stream
+        try:
+            if self._gone:
+                return
+            head = self._head(reply, extra, b"transfer-encoding: chunked\r\n")
+            self.response_started = True
+            self.transport.write(head)
+            flow = self.flow
+            async for chunk in stream:
+                if flow.write_paused and not self._gone:
+                    await flow.drain()
+                if self._gone:
+                    return
+                if chunk:
+                    self.transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+            if not self._gone:
+                self.transport.write(_CHUNK_END)
+                self._done()
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+
+    def _whole(self, reply: Reply, extra: list[tuple[bytes, bytes]]) -> None:
+        if self._gone or self.response_started:
+            return
+        length = b"content-length: %d\r\n" % len(reply.body)
+        head = self._head(reply, extra, length)
+        self.response_started = True
+        self.transport.write(head + reply.body if len(reply.body) < 65536 else head)
+        if len(reply.body) >= 65536:
+            self.transport.write(reply.body)
+        self._done()
+
+    def _done(self) -> None:
+        self.response_complete = True
+        if not self.keep_alive:
+            self.transport.close()
+        self.on_response()
+
+    def _head(self, reply: Reply, extra: list[tuple[bytes, bytes]], framing: bytes) -> bytes:
+        """Status line and headers, the framing header given, ``connection: close`` if closing."""
+        parts = [STATUS_LINE[reply.status]]
+        for k, v in self.default_headers:
+            parts.append(b"%b: %b\r\n" % (k, v))
+        for name, value in reply.headers:
+            parts.append(b"%b: %b\r\n" % (name.lower().encode("latin-1"), value.encode("latin-1")))
+        for k, v in extra:
+            parts.append(b"%b: %b\r\n" % (k, v))
+        parts.append(framing)
+        if not self.keep_alive:
+            parts.append(b"connection: close\r\n")
+        parts.append(b"\r\n")
+        head = b"".join(parts)
+        lines = len(parts)  # every part is one line; none may hold another line break
+        if head.count(b"\n") != lines or head.count(b"\r") != lines:
+            raise HeaderSplit("a reply header contains a line break")
+        return head
+
+
+class _Unwaited:
+    def set(self) -> None:
+        pass
+
+
+_UNWAITED = _Unwaited()
+
+
+def _internal_error() -> Reply:
+    return error_reply(GatewayError("Internal server error."))
