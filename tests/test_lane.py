@@ -212,3 +212,62 @@ def test_streams_are_chunked_and_a_query_string_goes_through_asgi(gw: str) -> No
     assert any(c.choices and c.choices[0].text for c in chunks)
     assert httpx.get(gw + "/health").status_code == 200
     assert_nothing_held(gw, ADMIN_HEADERS)
+
+
+class _Transport:
+    """What a lane writes to, recorded."""
+
+    def __init__(self) -> None:
+        self.data = b""
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+
+def _lane(transport: _Transport) -> Any:
+    from uvicorn.protocols.http.flow_control import FlowControl
+
+    from gpupool.gateway.api.lane import Lane
+
+    t: Any = transport
+    return Lane(t, FlowControl(t), "/v1/completions", [], True, [], lambda: None)
+
+
+def test_a_reply_header_with_a_line_break_is_never_written_and_a_failure_is_a_500() -> None:
+    from gpupool.gateway.api.lane import HeaderSplit
+    from gpupool.gateway.reply import Reply
+
+    transport = _Transport()
+    lane = _lane(transport)
+    evil = Reply(200, [("x-evil", "a\r\nset-cookie: x=1")], b"no")
+    with pytest.raises(HeaderSplit):
+        asyncio.run(lane.write(evil, []))
+    assert transport.data == b"" and not lane.response_started
+    lane.failed(HeaderSplit("a reply header contains a line break"))
+    assert transport.data.startswith(b"HTTP/1.1 500 ") and b'"code":500' in transport.data
+    assert b"connection: close\r\n" in transport.data and transport.closed
+    assert b"set-cookie" not in transport.data
+
+
+def test_a_failure_after_the_head_went_out_cuts_the_connection() -> None:
+    from gpupool.gateway.reply import Reply
+
+    async def stream() -> Any:
+        yield b"data: 1\n\n"
+        raise RuntimeError("boom")
+
+    transport = _Transport()
+    lane = _lane(transport)
+    with pytest.raises(RuntimeError):
+        asyncio.run(lane.write(Reply(200, [("content-type", "text/event-stream")],
+                                     stream=stream()), []))  # fmt: skip
+    assert transport.data.endswith(b"9\r\ndata: 1\n\n\r\n")  # the head and one chunk
+    lane.failed(RuntimeError("boom"))
+    assert transport.closed and b" 500 " not in transport.data

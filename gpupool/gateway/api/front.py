@@ -117,14 +117,22 @@ class Front:
         lane.write_now(error_reply(lane.error), [(b"x-request-id", rid)], close=True)
 
     async def serve_lane(self, lane: Lane) -> None:
-        rid = request_id_of(lane.headers) or new_request_id()
-        current_request_id.set(rid.decode("latin-1"))  # the lane's own task: no reset needed
-        if lane.error is not None:
-            lane.write_now(error_reply(lane.error), [(b"x-request-id", rid)], close=False)
-            return
-        assert lane.kind is not None and lane.task is not None
-        incoming = Incoming(rid.decode("latin-1"), lane.headers, lane.principal)
-        await self._respond(lane.kind, incoming, lane.raw_body(), lane, lane.task)
+        """The lane's task: the request from its head and body to its reply's ``after``."""
+        try:
+            rid = request_id_of(lane.headers) or new_request_id()
+            current_request_id.set(rid.decode("latin-1"))  # the lane's own task: no reset
+            if lane.error is not None:
+                lane.write_now(error_reply(lane.error), [(b"x-request-id", rid)], close=False)
+                return
+            assert lane.kind is not None and lane.task is not None
+            incoming = Incoming(rid.decode("latin-1"), lane.headers, lane.principal)
+            await self._respond(lane.kind, incoming, lane.raw_body(), lane, lane.task)
+        except BaseException as exc:
+            lane.failed(exc)
+            if not isinstance(exc, Exception):
+                raise
+        else:
+            lane.finished()
 
     # ---- both ------------------------------------------------------------------------------
 

@@ -146,29 +146,27 @@ class Lane:
     def start(
         self,
         loop: asyncio.AbstractEventLoop,
-        run: Callable[[Lane], Coroutine[Any, Any, None]],
-        tasks: set[Any],
+        serve: Coroutine[Any, Any, None],
+        tasks: set[asyncio.Task[None]],
     ) -> None:
         """Serve it (the body is in, the connection's earlier responses are out)."""
-        task = self.task = loop.create_task(self._run(run))
+        task = self.task = loop.create_task(serve)
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
-    async def _run(self, run: Callable[[Lane], Coroutine[Any, Any, None]]) -> None:
-        try:
-            await run(self)
-        except BaseException as exc:  # as uvicorn's run_asgi: a 500 if nothing went out yet
-            if not isinstance(exc, asyncio.CancelledError):
-                log.error("unexpected error on the request lane", exc_info=exc)
-            if not self.response_started and not self._gone:
-                self.write_now(_internal_error(), [], close=True)
-            else:
-                self.transport.close()
-            if not isinstance(exc, Exception):
-                raise
+    def failed(self, exc: BaseException) -> None:
+        """As uvicorn's ``run_asgi``: a 500 if nothing went out yet, else the connection cut."""
+        if not isinstance(exc, asyncio.CancelledError):
+            log.error("unexpected error on the request lane", exc_info=exc)
+        if not self.response_started and not self._gone:
+            self.write_now(_internal_error(), [], close=True)
         else:
-            if not self.response_complete and not self._gone:
-                self.transport.close()
+            self.transport.close()
+
+    def finished(self) -> None:
+        """The serving task ended: a reply left unfinished cuts the connection."""
+        if not self.response_complete and not self._gone:
+            self.transport.close()
 
     # ---- writing -----------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+import itertools
 import os
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -21,8 +22,14 @@ def request_id_of(headers: list[tuple[bytes, bytes]]) -> bytes:
     return b""
 
 
+# Ids: a random prefix per process and a counter (no `getrandom()` per request). Unique, and
+# 32 hex digits as before; an id is no secret.
+_ID_PREFIX = os.urandom(8).hex()
+_ids = itertools.count(1)
+
+
 def new_request_id() -> bytes:
-    return os.urandom(16).hex().encode()
+    return f"{_ID_PREFIX}{next(_ids) & 0xFFFFFFFFFFFFFFFF:016x}".encode()
 
 
 class RequestIdMiddleware:

@@ -265,7 +265,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         front = cast("Front", self._front)
         if lane.complete and not lane.closing:
             self._stop_body_timer()
-            lane.start(self.loop, front.serve_lane, self.tasks)
+            lane.start(self.loop, front.serve_lane(lane), self.tasks)
         elif lane.error is not None and (lane.closing or not lane.complete):
             self._stop_body_timer()
             front.refuse(lane)
