@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,10 +24,11 @@ import pytest
 from tests.hostile_tools import assert_nothing_held
 from tests.procs import gateway, running, sim
 
-MODEL = "m"
+MODEL, SLOW = "m", "slow"
 ADMIN, KEY = "sk-admin-lane", "sk-lane-1"
 MAX_BODY = 4096
 ADMIN_HEADERS = {"authorization": f"Bearer {ADMIN}"}
+LOGS: list[Path] = []  # the gateway's log
 
 
 def _h(key: str) -> str:
@@ -36,15 +39,18 @@ def _h(key: str) -> str:
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("lane")
     w = sim(model=MODEL, tmp=tmp, max_num_seqs=16, mode="echo")
+    slow = sim(model=SLOW, tmp=tmp, max_num_seqs=4, itl_ms=2000, output_tokens=20)
     cfg: dict[str, Any] = {
         "server": {"max_body_bytes": MAX_BODY, "body_timeout_s": 1.0},
-        "models": [{"name": MODEL}],
-        "workers": [{"name": "w", "model": MODEL, "url": w.url, "max_inflight": 8}],
+        "models": [{"name": MODEL}, {"name": SLOW}],
+        "workers": [{"name": "w", "model": MODEL, "url": w.url, "max_inflight": 8},
+                    {"name": "ws", "model": SLOW, "url": slow.url, "max_inflight": 4}],
         "auth": {"enabled": True, "admin_key_sha256": _h(ADMIN),
                  "keys": [{"name": "k", "sha256": _h(KEY)}]},
     }  # fmt: skip
     g = gateway(cfg, tmp)
-    with running(w), running(g):
+    LOGS.append(g.log_path)
+    with running(w, slow), running(g):
         yield g.url
 
 
@@ -113,6 +119,49 @@ def test_body_split_across_reads_and_pipelined_requests_in_order(gw: str) -> Non
             status, _, data = await _response(reader)
             assert status == 200 and word in data
         writer.close()
+
+    asyncio.run(go())
+    assert_nothing_held(gw, ADMIN_HEADERS)
+
+
+def test_a_reset_behind_pipelined_requests_ends_the_one_being_served_cleanly(gw: str) -> None:
+    """A slow stream, a request pipelined behind it, then the client goes. Reading is paused
+    while a request waits its turn, so the loss is seen only when a write fails (the second
+    token after the close, 4 s later: TCP accepts the first); then the stream (no longer the
+    connection's newest request) must end as a client that left, not as a failed write logged
+    as an error."""
+
+    async def go() -> None:
+        reader, writer = await _open(gw)
+        stream = _body("x", stream=True, max_tokens=20, model=SLOW)
+        writer.write(_head("/v1/completions", stream) + stream)
+        await asyncio.wait_for(reader.readuntil(b"data: "), 10)  # the stream runs
+        writer.write(_head("/v1/completions", _body()) + _body())
+        await asyncio.sleep(0.2)
+        writer.transport.abort()  # type: ignore[attr-defined]
+
+    asyncio.run(go())
+    time.sleep(4.0)
+    assert_nothing_held(gw, ADMIN_HEADERS, within_s=2.0)
+    assert "unexpected error" not in LOGS[0].read_text(errors="replace")
+
+
+def test_100_continue_waits_for_the_responses_before_it(gw: str) -> None:
+    async def go() -> None:
+        reader, writer = await _open(gw)
+        first, second = _body("one"), _body("yes")
+        writer.write(
+            _head("/v1/completions", first)
+            + first
+            + _head("/v1/completions", second, extra="expect: 100-continue\r\n")
+        )
+        status, _, data = await _response(reader)  # never a 100 in the middle of this one
+        assert status == 200 and b"one" in data
+        interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert interim.startswith(b"HTTP/1.1 100 Continue")
+        writer.write(second)
+        status, _, data = await _response(reader)
+        assert status == 200 and b"yes" in data
 
     asyncio.run(go())
     assert_nothing_held(gw, ADMIN_HEADERS)

@@ -62,6 +62,7 @@ class Lane:
         "complete",
         "default_headers",
         "error",
+        "expect_continue",
         "flow",
         "headers",
         "keep_alive",
@@ -98,6 +99,7 @@ class Lane:
         self.principal: Principal | None = None
         self.error: GatewayError | None = None  # the head was refused: answer this
         self.closing = False  # the body is not read: answer ``error`` and close
+        self.expect_continue = False  # the client waits for ``100 Continue`` before its body
         self.body: list[bytes] = []
         self.size = 0
         self.complete = False  # the whole body is in

@@ -50,6 +50,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     _idle_timer: asyncio.TimerHandle | None = None
     _front: Front | None = None  # the lane's front door; None: every request through ASGI
     _body_timer: asyncio.TimerHandle | None = None
+    _serving: Lane | None = None  # the lane whose task runs (no longer ``cycle`` if pipelined)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -71,6 +72,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._idle_timer.cancel()
             self._idle_timer = None
         self._stop_body_timer()
+        # uvicorn tells only the newest request; a lane still serving an earlier one must hear
+        # it too (its stream stops, its worker connection is dropped).
+        serving, current = self._serving, cast(object, self.cycle)
+        if serving is not None and serving is not current and not serving.response_complete:
+            serving.disconnected = True
         super().connection_lost(exc)
 
     # ---- keep-alive: one timer per connection -----------------------------------------------
@@ -212,8 +218,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                     f"Request body larger than {front.server.max_body_bytes} bytes."
                 )
                 lane.closing = True
-        if self.expect_100_continue and lane.error is None:
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        lane.expect_continue = self.expect_100_continue
         existing = self.cycle
         self.cycle = lane  # type: ignore[assignment]
         if existing is None or existing.response_complete:
@@ -265,12 +270,19 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         front = cast("Front", self._front)
         if lane.complete and not lane.closing:
             self._stop_body_timer()
+            self._serving = lane
             lane.start(self.loop, front.serve_lane(lane), self.tasks)
         elif lane.error is not None and (lane.closing or not lane.complete):
             self._stop_body_timer()
             front.refuse(lane)
-        elif self._body_timer is None:
-            self._body_timer = self.loop.call_later(front.server.body_timeout_s, self._body_late)
+        else:
+            if lane.expect_continue:  # its turn has come: ask for the body (once)
+                lane.expect_continue = False
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            if self._body_timer is None:
+                self._body_timer = self.loop.call_later(
+                    front.server.body_timeout_s, self._body_late
+                )
 
     def _body_late(self) -> None:
         self._body_timer = None
