@@ -12,6 +12,7 @@ from gpupool.gateway.api.endpoint import Endpoint, services
 from gpupool.gateway.api.responses import ReplyResponse
 from gpupool.gateway.errors import BadRequest, NotFound
 from gpupool.gateway.reply import Reply
+from gpupool.gateway.security.keys import all_keys, key_name
 from gpupool.workers.registry import Worker
 
 
@@ -92,7 +93,8 @@ async def held(request: Request) -> ASGIApp:
     fault and hostile-client suites check exactly that after every case)."""
     svc = services(request)
     snap = await svc.admission.snapshot()
-    keys = {k.name: await svc.key_limits.in_use(k.name) for k in svc.cfg.auth.keys if k.name}
+    names = [key_name(k) for k in all_keys(svc.cfg.auth)]  # the keys file's too
+    keys = {name: await svc.key_limits.in_use(name) for name in names}
     return ReplyResponse(
         Reply.json(
             200,

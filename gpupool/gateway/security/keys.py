@@ -41,11 +41,22 @@ def load_keys_file(path: str) -> list[ApiKey]:
         raise ValueError(f"{path}: invalid keys file: {e}") from None
 
 
+def all_keys(cfg: AuthConfig) -> list[ApiKey]:
+    """The client keys: those in the config and those in its ``keys_file``."""
+    keys = list(cfg.keys)
+    if cfg.keys_file:
+        keys += load_keys_file(cfg.keys_file)
+    return keys
+
+
+def key_name(key: ApiKey) -> str:
+    """The name a key's limits and logs go by (its ``name``, or its hash's first 8 digits)."""
+    return key.name or key.sha256.lower()[:8]
+
+
 class KeyStore:
     def __init__(self, cfg: AuthConfig) -> None:
-        keys = list(cfg.keys)
-        if cfg.keys_file:
-            keys += load_keys_file(cfg.keys_file)
+        keys = all_keys(cfg)
         self._by_hash = {k.sha256.lower(): k for k in keys}
         self._admin = cfg.admin_key_sha256.lower() if cfg.admin_key_sha256 else None
 
@@ -56,7 +67,7 @@ class KeyStore:
         key = self._by_hash.get(digest)
         if key is None or not hmac.compare_digest(digest, key.sha256.lower()):
             return None
-        name = key.name or digest[:8]
+        name = key_name(key)
         return Principal(name, key.tenant or name, key=key)
 
 
