@@ -52,8 +52,11 @@ def _config(tmp: Path, port: int, upstream: int) -> Path:
     return path
 
 
-def profile(source: Path, upstream: int, tmp: Path, wrk: str, warm: int, count: int) -> Path:
-    """Run the gateway from ``source`` under cProfile, ``warm`` requests unprofiled first."""
+def profile(
+    source: Path, upstream: int, tmp: Path, wrk: str, warm: int, count: int
+) -> tuple[Path, int]:
+    """Run the gateway from ``source`` under cProfile, ``warm`` requests unprofiled first;
+    the profile and the number of requests it saw."""
     port = free_port()
     cfg = _config(tmp, port, upstream)
     out = tmp / f"profile-{source.name}.pstats"
@@ -75,12 +78,15 @@ def profile(source: Path, upstream: int, tmp: Path, wrk: str, warm: int, count: 
         proc.wait_http(f"http://127.0.0.1:{port}/health", 60)
         plain = wrkbench.lua_script(tmp, {})
         script = tmp / "wrk-count.lua"
+        seen = 0
         for n, profiled in ((warm, False), (count, True)):
             script.write_text(plain.read_text() + _STOP_AFTER.format(count=n))
             if profiled:
                 proc.proc.send_signal(signal.SIGUSR1)  # type: ignore[union-attr]
                 time.sleep(0.2)
-            wrkbench.run_wrk(wrk, port, script, 1, 60)
+            # wrk runs for its whole duration even once its thread stopped: keep it short, and
+            # count what it sent.
+            seen = wrkbench.run_wrk(wrk, port, script, 1, max(5.0, n / 100))["requests"]
         proc.proc.send_signal(signal.SIGUSR2)  # type: ignore[union-attr]
         for _ in range(100):
             if out.exists():
@@ -89,7 +95,7 @@ def profile(source: Path, upstream: int, tmp: Path, wrk: str, warm: int, count: 
         time.sleep(0.5)
     finally:
         proc.stop()
-    return out
+    return out, seen
 
 
 def report(path: Path, count: int, top: int, label: str) -> float:
@@ -137,10 +143,10 @@ def main() -> None:
                 sources.append((f"gpupool@{args.baseline}", baseline_tree(args.baseline, tmp)))
             figures = {}
             for label, source in sources:
-                prof = profile(source, port, tmp, wrk, args.warm, args.requests)
+                prof, seen = profile(source, port, tmp, wrk, args.warm, args.requests)
                 if args.keep is not None and label == "gpupool":
                     shutil.copy(prof, args.keep)
-                figures[label] = report(prof, args.requests, args.top, label)
+                figures[label] = report(prof, seen, args.top, label)
         finally:
             upstream.stop()
             subprocess.run(["true"])
