@@ -221,6 +221,8 @@ def versus_base(res: dict[str, Any]) -> list[str]:
     out = []
     for wl, (label, key, q) in KEY.items():
         runs = res["runs"].get(wl, {})
+        if "gpupool" not in runs:  # only other revisions ran: nothing to compare them with
+            continue
         for base in (n for n in runs if n.startswith("gpupool@")):
             new, old = pct(pooled(runs["gpupool"], key), q), pct(pooled(runs[base], key), q)
             rounds = ", ".join(

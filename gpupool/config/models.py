@@ -221,6 +221,20 @@ class QueueConfig(_Strict):
         "`max_queued`); beyond it that tenant gets an immediate 429 while others still queue.",
     )
     max_wait_s: float = Field(60.0, gt=0, description="Per model; x-gpupool-max-wait may lower.")
+    reserved_slots: int = Field(
+        1,
+        ge=0,
+        description="Slots of each worker that one tenant may not fill while another tenant is "
+        "active (see `reserve_window_s`): kept free so that the others' next request starts at "
+        "once instead of waiting behind a batch. A tenant alone uses every slot; a worker keeps "
+        "at least one slot per tenant (capacity 1 reserves nothing). 0: off.",
+    )
+    reserve_window_s: float = Field(
+        30.0,
+        gt=0,
+        description="A tenant counts as active for `reserved_slots` while it waits in a model's "
+        "queue and for this long after it last asked for a slot of the model.",
+    )
     keepalive_interval_s: float = Field(
         5.0, gt=0, description="SSE `: queued position=N` comment interval for queued streams."
     )

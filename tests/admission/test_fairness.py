@@ -9,9 +9,11 @@ from gpupool.gateway.admission.fairness import (
     PRIORITY_LIMIT,
     DrainRate,
     FairClock,
+    Presence,
     clamp_priority,
     encode_key,
     retry_after,
+    tenant_limit,
 )
 
 _keys = st.tuples(
@@ -74,3 +76,28 @@ def test_retry_after_is_position_over_rate_clamped() -> None:
     assert retry_after(1, 100.0, 60.0) == 1.0
     assert retry_after(10_000, 1.0, 60.0) == 60.0
     assert retry_after(3, 0.0, 60.0) == 60.0
+
+
+def test_a_tenant_may_fill_all_but_the_reserved_slots_and_always_one() -> None:
+    assert [tenant_limit(4, r) for r in (0, 1, 3, 9)] == [4, 3, 1, 1]
+    assert tenant_limit(1, 1) == 1
+
+
+def test_presence_sees_other_tenants_within_the_window_only() -> None:
+    now = [0.0]
+    seen = Presence(window_s=30.0, clock=lambda: now[0])
+    seen.saw("batch")
+    assert not seen.others("batch")  # alone
+    seen.saw("chat")
+    assert seen.others("batch") and seen.others("chat") and seen.others("third")
+    now[0] = 20.0
+    seen.saw("batch")
+    now[0] = 31.0  # chat's last request is now 31 s old
+    assert not seen.others("batch") and seen.others("chat")
+
+
+def test_others_waiting_ignores_the_tenant_itself() -> None:
+    clock = FairClock()
+    assert not clock.others_waiting("A")
+    clock.arrive(0, "A")
+    assert not clock.others_waiting("A") and clock.others_waiting("B")

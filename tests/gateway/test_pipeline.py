@@ -334,6 +334,32 @@ async def test_a_prompt_near_a_window_edge_is_counted_exactly() -> None:
     assert await r.held() == 0
 
 
+async def test_a_prompt_denser_than_the_estimate_is_moved_once_then_placed_right() -> None:
+    """4,500 bytes of a text at 1.7 bytes a token (2,650 tokens): bytes / 3 says it fits the
+    2K window. The first goes there and is moved on its context-length 400; the second, by what
+    that 400 proved, is too near the 2K edge to guess and is counted; the third is placed on the
+    8K window at once."""
+    too_long = b'{"error":{"message":"This model\'s maximum context length is 2048 tokens."}}'
+    counted = orjson.dumps({"count": 2650, "max_model_len": 8192})
+
+    def answer(url: str, body: bytes) -> FakeResponse:
+        if url.endswith("/tokenize"):
+            return FakeResponse(body=counted)
+        return FakeResponse(400, too_long) if url.startswith("http://w0") else FakeResponse()
+
+    r = _windows_rig(FakePath(answer), (2048, 8192))
+    sent = []
+    for _ in range(3):
+        r.path.calls.clear()
+        reply = await _handle(r, _chat_of(4500), "/v1/chat/completions")
+        assert reply.status == 200
+        await _finish(reply)
+        sent.append([u.removeprefix("http://") for u, _ in r.path.calls])
+    chat = "/v1/chat/completions"
+    assert sent == [["w0" + chat, "w1" + chat], ["w1/tokenize", "w1" + chat], ["w1" + chat]]
+    assert await r.held() == 0
+
+
 def test_every_turn_of_a_conversation_has_the_same_key() -> None:
     from gpupool.gateway.parse import parse_generate
 

@@ -19,6 +19,15 @@ a fixed-width string (:func:`encode_key`) so a sorted set with equal scores orde
 Drain rate: an exponentially decaying count of grants, ``r <- r * exp(-dt / tau) + 1 / tau`` per
 grant; for a steady rate of grants it converges to that rate (grants per second).
 ``Retry-After`` is then ``position / rate`` clamped to ``[1, max_wait]`` (:func:`retry_after`).
+
+Reserved seats. Fair queueing orders waiters, but a waiter still waits for a slot to free: a
+tenant that fills every slot of a worker makes everyone else's next request wait for one of its
+requests to end. So while another tenant is *active* (it asked for a slot of the model within
+``reserve_window_s``, or it is waiting in the model's queue), one tenant may hold at most
+:func:`tenant_limit` slots of a worker (its capacity less ``reserved_slots``, at least 1): the
+rest stay free for the others. A tenant alone uses every slot. A freed slot goes to the first
+waiter in order that may take it, looking at most :data:`RESERVE_SCAN` waiters deep (so a
+backlog costs a bounded walk).
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,6 +43,7 @@ OrderKey = tuple[int, int, int]  # (priority, start tag, arrival seq)
 
 PRIORITY_LIMIT = 10**9 - 1  # priorities are clamped to +-this (10 decimal digits when encoded)
 RATE_TAU_S = 10.0  # memory of the drain-rate estimate
+RESERVE_SCAN = 64  # waiters a dispatch looks at for one that may take a reserved seat
 
 
 def clamp_priority(priority: int) -> int:
@@ -50,6 +61,11 @@ def retry_after(position: int, rate_per_s: float, max_wait_s: float) -> float:
     if rate_per_s <= 0.0:
         return max_wait_s
     return min(max_wait_s, max(1.0, position / rate_per_s))
+
+
+def tenant_limit(capacity: int, reserved: int) -> int:
+    """The most slots of a worker one tenant may hold while another tenant is active."""
+    return capacity - max(0, min(reserved, capacity - 1))
 
 
 @dataclass(slots=True)
@@ -101,6 +117,37 @@ class FairClock:
     def tenants(self) -> dict[str, int]:
         """Waiting requests per tenant (all priorities)."""
         return dict(self._waiting)
+
+    def others_waiting(self, tenant: str) -> bool:
+        """Whether a tenant other than ``tenant`` has a request waiting."""
+        return len(self._waiting) > (tenant in self._waiting)
+
+
+class Presence:
+    """When each tenant last asked for a slot of one model, forgotten after ``window_s``."""
+
+    def __init__(self, window_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._window = window_s
+        self._clock = clock
+        self._seen: OrderedDict[str, float] = OrderedDict()  # oldest first
+
+    def saw(self, tenant: str) -> None:
+        self._seen[tenant] = self._clock()
+        self._seen.move_to_end(tenant)
+        self._forget()
+
+    def others(self, tenant: str) -> bool:
+        """Whether a tenant other than ``tenant`` asked within the window."""
+        self._forget()
+        return len(self._seen) > (tenant in self._seen)
+
+    def _forget(self) -> None:
+        horizon = self._clock() - self._window
+        while self._seen:
+            oldest, at = next(iter(self._seen.items()))
+            if at >= horizon:
+                return
+            del self._seen[oldest]
 
 
 class DrainRate:

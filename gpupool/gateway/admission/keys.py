@@ -25,6 +25,8 @@ key                 type     contents
                              ``t:<tenant>`` the tenant's waiting count, all priorities (its
                              share of the queue, ``max_queued_per_tenant``; dropped at 0)
 ``rate:<model>``    hash     drain rate: ``r`` grants/s at time ``t`` (ms), decayed on read
+``seen:<model>``    zset     tenants that asked for a slot lately: score = when (ms); older than
+                             ``reserve_window_s`` dropped at the next acquire (reserved seats)
 ``replicas``        zset     live replicas: member replica id, score = heartbeat expiry (ms)
 ``rt:<replica>``    set      iids of that replica's waiting tickets (for the dead-replica sweep)
 ``models``          set      models that ever had a queue (for snapshots)
@@ -44,6 +46,7 @@ _TAGS: dict[str, str] = {
     "slots": "s:",
     "fair": "fair:",
     "rate": "rate:",
+    "seen": "seen:",
     "replicas": "replicas",
     "replica_tickets": "rt:",
     "models": "models",
@@ -88,6 +91,10 @@ class Keys:
     def rate(self, model: str) -> str:
         """Hash of a model's drain rate."""
         return self._key("rate", model)
+
+    def seen(self, model: str) -> str:
+        """Zset of the tenants that asked for a slot of a model lately."""
+        return self._key("seen", model)
 
     def replicas(self) -> str:
         """Zset of replica heartbeats."""

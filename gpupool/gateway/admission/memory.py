@@ -1,11 +1,14 @@
 """Memory admission: one gateway process, exact, no I/O.
 
-State: per worker the slots held; per model a queue of waiters in ``fairness`` order; per worker
-the same waiters again, restricted to those whose ``candidates`` include it.
+State: per worker the slots held, in all and per tenant; per model a queue of waiters in
+``fairness`` order and the tenants active lately (for reserved seats, see ``fairness``); per
+worker the same waiters again, restricted to those whose ``candidates`` include it.
 
 Invariant: after every operation, no worker with room (available and held < capacity) has an
-eligible waiter. ``acquire``, ``release`` and ``poke`` keep it by handing slots out synchronously
-(no ``await`` between a slot freeing and a waiter getting it), so a wake-up cannot be lost. A
+eligible waiter that may take the slot (a tenant at its limit while others are active may not;
+once the others' window lapses it may again, from the next release or arrival on that worker).
+``acquire``, ``release`` and ``poke`` keep it by handing slots out synchronously (no ``await``
+between a slot freeing and a waiter getting it), so a wake-up cannot be lost. A
 granted slot is counted at grant time, before the waiter resumes; if the waiter was cancelled in
 between, its cleanup gives the slot back (``_abandon``), so a slot is never leaked.
 
@@ -25,7 +28,15 @@ from typing import Any
 
 from gpupool.config.models import QueueConfig
 from gpupool.gateway.admission.base import Lease, Ticket, WaitCallback, WorkerView
-from gpupool.gateway.admission.fairness import DrainRate, FairClock, OrderKey, retry_after
+from gpupool.gateway.admission.fairness import (
+    RESERVE_SCAN,
+    DrainRate,
+    FairClock,
+    OrderKey,
+    Presence,
+    retry_after,
+    tenant_limit,
+)
 from gpupool.gateway.admission.waiting import consume, wait_for_grant
 from gpupool.gateway.errors import QueueFull, QueueTimeout, ServiceUnavailable
 
@@ -69,6 +80,7 @@ def tenant_full_message(ticket: Ticket, waiting: int) -> str:
 
 @dataclass(slots=True)
 class _ModelQueue:
+    presence: Presence
     clock: FairClock = field(default_factory=FairClock)
     waiters: list[_Waiter] = field(default_factory=list)
     rate: DrainRate = field(default_factory=DrainRate)
@@ -85,6 +97,8 @@ class MemoryAdmission:
         max_queued_per_tenant: int | None = None,
         max_wait_s: float = 60.0,
         keepalive_interval_s: float = 5.0,
+        reserved_slots: int = 0,
+        reserve_window_s: float = 30.0,
         replica_id: str = "local",
     ) -> None:
         self._workers = workers
@@ -92,11 +106,14 @@ class MemoryAdmission:
         self._max_per_tenant = max_queued_per_tenant
         self._max_wait_s = max_wait_s
         self._keepalive_s = keepalive_interval_s
+        self._reserved = reserved_slots
+        self._window_s = reserve_window_s
         self.replica_id = replica_id
         self._queues: dict[str, _ModelQueue] = {}
         self._eligible: dict[str, list[_Waiter]] = {}
         self._held: dict[str, int] = {}
-        self._leases: dict[str, str] = {}  # lease id -> worker
+        self._held_by: dict[str, dict[str, int]] = {}  # worker -> tenant -> slots
+        self._leases: dict[str, tuple[str, str]] = {}  # lease id -> (worker, tenant)
         self._ids = itertools.count(1)
 
     @classmethod
@@ -107,6 +124,8 @@ class MemoryAdmission:
             max_queued_per_tenant=cfg.max_queued_per_tenant,
             max_wait_s=cfg.max_wait_s,
             keepalive_interval_s=cfg.keepalive_interval_s,
+            reserved_slots=cfg.reserved_slots,
+            reserve_window_s=cfg.reserve_window_s,
             replica_id=replica_id,
         )
 
@@ -120,10 +139,12 @@ class MemoryAdmission:
 
     async def acquire(self, ticket: Ticket, on_wait: WaitCallback | None = None) -> Lease:
         candidates = unique(ticket.candidates)
-        worker = self._free_worker(candidates)
+        queue = self._queue(ticket.model)
+        queue.presence.saw(ticket.tenant)
+        worker = self._free_worker(candidates, ticket)
         if worker is not None:
-            self._queue(ticket.model).rate.tick()
-            return self._lease(worker, ticket.id, self._take(worker), 0.0)
+            queue.rate.tick()
+            return self._lease(worker, ticket.id, self._take(worker, ticket.tenant), 0.0)
         waiter = self._enqueue(ticket, candidates)
         for name in candidates:
             self._dispatch(name)
@@ -148,9 +169,9 @@ class MemoryAdmission:
 
     # -- for the Redis backend's fallback -------------------------------------------------
 
-    def force_hold(self, worker: str, ticket_id: str) -> Lease:
+    def force_hold(self, worker: str, ticket_id: str, tenant: str) -> Lease:
         """Count a slot this process holds already (may exceed capacity until released)."""
-        return self._lease(worker, ticket_id, self._take(worker), 0.0)
+        return self._lease(worker, ticket_id, self._take(worker, tenant), 0.0)
 
     def requeue_all(self) -> int:
         """Fail every waiter with :class:`Requeued`; returns how many."""
@@ -167,23 +188,55 @@ class MemoryAdmission:
             return False
         return self._held.get(worker, 0) < self._workers.capacity(worker)
 
-    def _free_worker(self, candidates: tuple[str, ...]) -> str | None:
+    def _free_worker(self, candidates: tuple[str, ...], ticket: Ticket) -> str | None:
+        """A candidate with room that ``ticket`` may take and no waiter ahead of it may."""
         for name in candidates:
-            if self._has_room(name) and not self._eligible.get(name):
+            if (
+                self._has_room(name)
+                and self._may_take(name, ticket)
+                and self._first_allowed(name) is None
+            ):
                 return name
         return None
 
-    def _take(self, worker: str) -> str:
+    def _may_take(self, worker: str, ticket: Ticket) -> bool:
+        """False only for a tenant at its limit on ``worker`` while another tenant is active."""
+        if self._reserved <= 0:
+            return True
+        limit = tenant_limit(self._workers.capacity(worker), self._reserved)
+        if self._held.get(worker, 0) < limit:
+            return True
+        if self._held_by.get(worker, {}).get(ticket.tenant, 0) < limit:
+            return True
+        queue = self._queue(ticket.model)
+        tenant = ticket.tenant
+        return not (queue.presence.others(tenant) or queue.clock.others_waiting(tenant))
+
+    def _first_allowed(self, worker: str) -> _Waiter | None:
+        """The first waiter eligible for ``worker`` that may take its next slot."""
+        for waiter in self._eligible.get(worker, ())[:RESERVE_SCAN]:
+            if self._may_take(worker, waiter.ticket):
+                return waiter
+        return None
+
+    def _take(self, worker: str, tenant: str) -> str:
         lid = f"{self.replica_id}|{next(self._ids)}"
-        self._leases[lid] = worker
+        self._leases[lid] = (worker, tenant)
         self._held[worker] = self._held.get(worker, 0) + 1
+        by = self._held_by.setdefault(worker, {})
+        by[tenant] = by.get(tenant, 0) + 1
         return lid
 
     def _free(self, lid: str) -> None:
-        worker = self._leases.pop(lid, None)
-        if worker is None:
+        held = self._leases.pop(lid, None)
+        if held is None:
             return  # released twice: ignore
+        worker, tenant = held
         self._held[worker] -= 1
+        by = self._held_by[worker]
+        by[tenant] -= 1
+        if not by[tenant]:
+            del by[tenant]
         self._dispatch(worker)
 
     def _lease(self, worker: str, ticket_id: str, lid: str, queued_s: float) -> Lease:
@@ -191,13 +244,15 @@ class MemoryAdmission:
         return Lease(worker=worker, ticket_id=ticket_id, queued_s=queued_s, extra=extra)
 
     def _dispatch(self, worker: str) -> None:
-        waiters = self._eligible.get(worker)
-        while waiters and self._has_room(worker):
-            self._grant(waiters[0], worker)
+        while self._has_room(worker):
+            waiter = self._first_allowed(worker)
+            if waiter is None:
+                return
+            self._grant(waiter, worker)
 
     def _grant(self, waiter: _Waiter, worker: str) -> None:
         self._unqueue(waiter, granted=True)
-        waiter.lid = self._take(worker)
+        waiter.lid = self._take(worker, waiter.ticket.tenant)
         self._queue(waiter.ticket.model).rate.tick()
         waiter.fut.set_result(worker)
 
@@ -206,7 +261,7 @@ class MemoryAdmission:
     def _queue(self, model: str) -> _ModelQueue:
         queue = self._queues.get(model)
         if queue is None:
-            queue = self._queues[model] = _ModelQueue()
+            queue = self._queues[model] = _ModelQueue(Presence(self._window_s))
         return queue
 
     def _all_waiters(self) -> list[_Waiter]:

@@ -69,7 +69,7 @@ from gpupool.gateway.admission.connection import (
     StoreUnavailable,
     redis_client,
 )
-from gpupool.gateway.admission.fairness import RATE_TAU_S, retry_after
+from gpupool.gateway.admission.fairness import retry_after
 from gpupool.gateway.admission.keys import Keys
 from gpupool.gateway.admission.memory import (
     MemoryAdmission,
@@ -117,6 +117,7 @@ class _Waiter:
 @dataclass(slots=True)
 class _Held:
     worker: str
+    tenant: str
     local: Lease | None = None  # also counted by the local fallback
 
 
@@ -143,8 +144,8 @@ class RedisAdmission:
         self._control = control or redis_client(
             cfg.redis_url, cfg.lease_ttl_s, max_connections=CONTROL_CONNECTIONS
         )
-        self._store = Store(self._client, cfg.redis_prefix, cfg.lease_ttl_s, RATE_TAU_S)
-        self._ctl = Store(self._control, cfg.redis_prefix, cfg.lease_ttl_s, RATE_TAU_S)
+        self._store = Store(self._client, cfg)
+        self._ctl = Store(self._control, cfg)
         self._probe = Probe(self._control)
         self._local = MemoryAdmission.from_config(
             cfg, ShareView(workers, cfg.replicas_hint), replica_id
@@ -261,7 +262,7 @@ class RedisAdmission:
         waiting = replace(ticket, max_wait_s=max(0.0, deadline - loop.time()))
         lease = await self._local.acquire(waiting, on_wait)
         iid = self._new_iid()
-        self._held[iid] = _Held(lease.worker, local=lease)
+        self._held[iid] = _Held(lease.worker, ticket.tenant, local=lease)
         queued_s = loop.time() - began if lease.queued_s else 0.0
         return self._lease(iid, lease.worker, ticket.id, queued_s, "local")
 
@@ -339,9 +340,9 @@ class RedisAdmission:
         )
 
     def _granted(self, waiter: _Waiter, worker: str) -> Lease:
-        held = self._held[waiter.iid] = _Held(worker)
+        held = self._held[waiter.iid] = _Held(worker, waiter.ticket.tenant)
         if not self._up:  # granted just before Redis went away: count it in the local share
-            held.local = self._local.force_hold(worker, waiter.ticket.id)
+            held.local = self._local.force_hold(worker, waiter.ticket.id, held.tenant)
         loop = asyncio.get_running_loop()
         queued_s = loop.time() - waiter.began if waiter.key else 0.0
         return self._lease(waiter.iid, worker, waiter.ticket.id, queued_s, "redis")
@@ -417,7 +418,7 @@ class RedisAdmission:
         log.warning("admission: Redis unreachable (%s); policy %s", exc, self._policy)
         for iid, held in self._held.items():
             if held.local is None:
-                held.local = self._local.force_hold(held.worker, iid)
+                held.local = self._local.force_hold(held.worker, iid, held.tenant)
         for waiter in self._waiting.values():
             if not waiter.fut.done():
                 waiter.fut.set_exception(RedisDown())

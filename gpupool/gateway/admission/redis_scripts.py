@@ -1,14 +1,18 @@
 """The Lua scripts of the Redis admission backend, and :class:`Store`, their typed caller.
 
 Every state change is one script, so it is atomic. Each script is the shared library
-(``_LIB``: key names, Redis ``TIME``, ticket parsing, fair queueing, grants, dispatch) followed by
-a short body. Arguments common to all: ``ARGV[1]`` key prefix, ``ARGV[2]`` lease TTL (ms),
-``ARGV[3]`` drain-rate tau (ms); the body's own arguments follow. Keys are built inside the scripts
-(``keys.lua_key_table``), so this targets a single Redis server, not Redis Cluster.
+(``_LIB``: key names, Redis ``TIME``, ticket parsing, fair queueing, reserved seats, grants,
+dispatch) followed by a short body. Arguments common to all: ``ARGV[1]`` key prefix, ``ARGV[2]``
+lease TTL (ms), ``ARGV[3]`` drain-rate tau (ms), ``ARGV[4]`` reserved slots per worker,
+``ARGV[5]`` the reserve's activity window (ms); the body's own arguments follow from
+``ARGV[6]``. Keys are built inside the scripts (``keys.lua_key_table``), so this targets a single
+Redis server, not Redis Cluster.
 
 ``dispatch(worker, cap)`` is the heart: purge expired leases, then while the worker has room hand
-the slot to the head of ``w:<worker>`` (skipping stale members and tickets of dead replicas),
-recording the lease and publishing ``"<iid> <worker>"`` on the owner's ``wake:`` channel. Every
+the slot to the first member of ``w:<worker>`` that may take it (skipping stale members and
+tickets of dead replicas; a tenant at its limit while others are active may not, see
+``fairness``: then the next member is looked at, ``RESERVE_SCAN`` deep at most), recording the
+lease and publishing ``"<iid> <worker>"`` on the owner's ``wake:`` channel. Every
 script that can free a slot or add a waiter ends in it, so no slot idles while a live eligible
 waiter exists, as far as the caller's view of capacity and availability goes (a worker's
 capacity arrives as an argument; 0 means "not available here").
@@ -30,8 +34,14 @@ import orjson
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
+from gpupool.config.models import QueueConfig
 from gpupool.gateway.admission.connection import CONNECTION_ERRORS, StoreUnavailable
-from gpupool.gateway.admission.fairness import PRIORITY_LIMIT, clamp_priority
+from gpupool.gateway.admission.fairness import (
+    PRIORITY_LIMIT,
+    RATE_TAU_S,
+    RESERVE_SCAN,
+    clamp_priority,
+)
 from gpupool.gateway.admission.keys import lua_key_table
 
 _LIB = (
@@ -39,6 +49,9 @@ _LIB = (
     + """
 local TTL = tonumber(ARGV[2])
 local TAU = tonumber(ARGV[3])
+local RESERVE = tonumber(ARGV[4])
+local SCAN = RESERVE_SCAN
+local WINDOW = tonumber(ARGV[5])
 local T = redis.call('TIME')
 local NOW = tonumber(T[1]) * 1000 + math.floor(tonumber(T[2]) / 1000)
 
@@ -98,12 +111,60 @@ local function drop(h)
   redis.call('DEL', K.ticket(h.iid))
 end
 
-local function take_slot(iid, model, worker)
+local COUNTS = {}  -- worker -> tenant -> slots held, counted once per call when first needed
+
+local function tenant_held(worker, tenant)
+  local c = COUNTS[worker]
+  if not c then
+    c = {}
+    for _, iid in ipairs(redis.call('ZRANGE', K.slots(worker), 0, -1)) do
+      local t = redis.call('HGET', K.ticket(iid), 'tenant') or ''
+      c[t] = (c[t] or 0) + 1
+    end
+    COUNTS[worker] = c
+  end
+  return c[tenant] or 0
+end
+
+local function saw(model, tenant)
+  if RESERVE <= 0 then return end
+  redis.call('ZADD', K.seen(model), NOW, tenant)
+  redis.call('ZREMRANGEBYSCORE', K.seen(model), '-inf', '(' .. (NOW - WINDOW))
+end
+
+local function others_active_now(model, tenant)
+  local recent = redis.call('ZRANGEBYSCORE', K.seen(model), NOW - WINDOW, '+inf', 'LIMIT', 0, 2)
+  for _, t in ipairs(recent) do if t ~= tenant then return true end end
+  for _, f in ipairs(redis.call('HKEYS', K.fair(model))) do
+    if string.sub(f, 1, 2) == 't:' and string.sub(f, 3) ~= tenant then return true end
+  end
+  return false
+end
+
+local ACTIVE = {}  -- model .. '|' .. tenant -> others_active, once per call
+
+local function others_active(model, tenant)
+  local k = model .. '|' .. tenant
+  if ACTIVE[k] == nil then ACTIVE[k] = others_active_now(model, tenant) end
+  return ACTIVE[k]
+end
+
+-- may h (a table with model and tenant) take a slot of worker, which holds n of cap?
+local function may_take(h, worker, cap, n)
+  if RESERVE <= 0 then return true end
+  local limit = cap - math.max(0, math.min(RESERVE, cap - 1))
+  if n < limit or tenant_held(worker, h.tenant) < limit then return true end
+  return not others_active(h.model, h.tenant)
+end
+
+local function take_slot(iid, model, tenant, worker)
   redis.call('ZADD', K.slots(worker), NOW + TTL, iid)
   redis.call('HSET', K.ticket(iid), 'w', worker)
   redis.call('PEXPIRE', K.ticket(iid), TTL)
   redis.call('SADD', K.workers(), worker)
   rate_tick(model)
+  local c = COUNTS[worker]
+  if c then c[tenant] = (c[tenant] or 0) + 1 end
 end
 
 local GRANTED = {}  -- iid, worker, iid, worker... of this call's grants (scripts may return it)
@@ -115,26 +176,44 @@ local function grant(h, worker)
   local start = tonumber(string.match(h.key, '^[^:]+:([^:]+):'))
   local f, v = K.fair(h.model), 'v:' .. h.prio
   if start > (tonumber(redis.call('HGET', f, v)) or 0) then redis.call('HSET', f, v, start) end
-  take_slot(h.iid, h.model, worker)
+  take_slot(h.iid, h.model, h.tenant, worker)
   redis.call('PUBLISH', K.wake(h.rep), h.iid .. ' ' .. worker)
+end
+
+local function member_ticket(m)
+  return ticket(string.match(m, '^[^:]+:[^:]+:[^:]+:(.*)$'))
 end
 
 local function dispatch(worker, cap)
   if cap <= 0 then return end
   local n = held(worker)
-  while n < cap do
-    local top = redis.call('ZRANGE', K.waiters(worker), 0, 0)
+  local skip = 0  -- waiters passed over: at their tenant's limit
+  while n < cap and skip < SCAN do
+    local top = redis.call('ZRANGE', K.waiters(worker), skip, skip)
     if #top == 0 then return end
-    local h = ticket(string.match(top[1], '^[^:]+:[^:]+:[^:]+:(.*)$'))
+    local h = member_ticket(top[1])
     if not h or h.w or h.key ~= top[1] then
       redis.call('ZREM', K.waiters(worker), top[1])
     elseif not alive(h.rep) then
       drop(h)
-    else
+    elseif may_take(h, worker, cap, n) then
       grant(h, worker)
       n = n + 1
+    else
+      skip = skip + 1
     end
   end
+end
+
+-- does a live waiter of worker (holding n of cap) exist that may take its next slot?
+local function waiter_may_take(worker, cap, n)
+  for _, m in ipairs(redis.call('ZRANGE', K.waiters(worker), 0, SCAN - 1)) do
+    local h = member_ticket(m)
+    if h and not h.w and h.key == m and alive(h.rep) and may_take(h, worker, cap, n) then
+      return true
+    end
+  end
+  return false
 end
 
 local function dispatch_pairs(first, last)
@@ -150,20 +229,24 @@ end
 )
 
 _ACQUIRE = """
-local iid, rep, tid, model, tenant = ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
-local prio, maxq, maxt = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
+local iid, rep, tid, model, tenant = ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10]
+local prio, maxq, maxt = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
 heartbeat(rep)
 local known = ticket(iid)
 if known then return status(known) end
+saw(model, tenant)
 local function record(...)
   redis.call('HSET', K.ticket(iid), 'model', model, 'tenant', tenant, 'prio', prio, 'rep', rep,
     'tid', tid, 'enq', NOW, ...)
 end
-for i = 12, #ARGV, 2 do
+local me = {model = model, tenant = tenant}
+for i = 14, #ARGV, 2 do
   local w, cap = ARGV[i], tonumber(ARGV[i + 1])
-  if cap > 0 and redis.call('ZCARD', K.waiters(w)) == 0 and held(w) < cap then
+  local n = cap > 0 and held(w) or cap
+  if n < cap and may_take(me, w, cap, n) and (redis.call('ZCARD', K.waiters(w)) == 0
+      or RESERVE > 0 and not waiter_may_take(w, cap, n)) then
     record()
-    take_slot(iid, model, w)
+    take_slot(iid, model, tenant, w)
     return {'granted', w}
   end
 end
@@ -180,7 +263,7 @@ redis.call('HINCRBY', f, 'n:' .. prio .. ':' .. tenant, 1)
 local seq = redis.call('INCR', K.seq())
 local key = string.format('%010d:%016d:%016d:', prio + LIMIT + 1, start, seq) .. iid
 local cands = {}
-for i = 12, #ARGV, 2 do
+for i = 14, #ARGV, 2 do
   cands[#cands + 1] = ARGV[i]
   redis.call('ZADD', K.waiters(ARGV[i]), 0, key)
 end
@@ -188,19 +271,19 @@ record('key', key, 'cands', table.concat(cands, ','))
 redis.call('ZADD', K.queue(model), 0, key)
 redis.call('SADD', K.replica_tickets(rep), iid)
 redis.call('SADD', K.models(), model)
-dispatch_pairs(12, #ARGV)
+dispatch_pairs(14, #ARGV)
 return status(ticket(iid))
 """.replace("LIMIT", str(PRIORITY_LIMIT))
 
 _RELEASE = """
-redis.call('ZREM', K.slots(ARGV[5]), ARGV[4])
-redis.call('DEL', K.ticket(ARGV[4]))
-dispatch(ARGV[5], tonumber(ARGV[6]))
+redis.call('ZREM', K.slots(ARGV[7]), ARGV[6])
+redis.call('DEL', K.ticket(ARGV[6]))
+dispatch(ARGV[7], tonumber(ARGV[8]))
 return GRANTED
 """
 
 _WITHDRAW = """
-local h = ticket(ARGV[4])
+local h = ticket(ARGV[6])
 if not h then return {'gone'} end
 if h.w then return {'granted', h.w} end
 local rank = redis.call('ZRANK', K.queue(h.model), h.key)
@@ -209,10 +292,10 @@ return {'removed', (rank or 0) + 1, tostring(rate_now(h.model))}
 """
 
 _RECHECK = """
-local npairs = tonumber(ARGV[4])
-dispatch_pairs(5, 4 + 2 * npairs)
+local npairs = tonumber(ARGV[6])
+dispatch_pairs(7, 6 + 2 * npairs)
 local out = {}
-for i = 5 + 2 * npairs, #ARGV do
+for i = 7 + 2 * npairs, #ARGV do
   local h = ticket(ARGV[i])
   if not h then out[#out + 1] = '?' elseif h.w then out[#out + 1] = h.w else out[#out + 1] = '' end
 end
@@ -220,9 +303,9 @@ return out
 """
 
 _RENEW = """
-local rep, nleases = ARGV[4], tonumber(ARGV[5])
+local rep, nleases = ARGV[6], tonumber(ARGV[7])
 heartbeat(rep)
-for i = 6, 5 + 2 * nleases, 2 do
+for i = 8, 7 + 2 * nleases, 2 do
   redis.call('ZADD', K.slots(ARGV[i + 1]), NOW + TTL, ARGV[i])
   redis.call('PEXPIRE', K.ticket(ARGV[i]), TTL)
   redis.call('SADD', K.workers(), ARGV[i + 1])
@@ -239,16 +322,16 @@ return redis.call('SMEMBERS', K.replica_tickets(rep))
 """
 
 _FORGET = """
-for i = 5, #ARGV do
+for i = 7, #ARGV do
   local h = ticket(ARGV[i])
   if h and not h.w then drop(h) end
-  redis.call('SREM', K.replica_tickets(ARGV[4]), ARGV[i])
+  redis.call('SREM', K.replica_tickets(ARGV[6]), ARGV[i])
 end
 return 1
 """
 
 _RETIRE = """
-local rep = ARGV[4]
+local rep = ARGV[6]
 for _, iid in ipairs(redis.call('SMEMBERS', K.replica_tickets(rep))) do
   local h = ticket(iid)
   if h and not h.w then drop(h) end
@@ -337,11 +420,18 @@ class Store:
     Connection failures surface as :class:`StoreUnavailable`; script bugs as redis errors.
     """
 
-    def __init__(self, client: Redis, prefix: str, lease_ttl_s: float, rate_tau_s: float) -> None:
+    def __init__(self, client: Redis, cfg: QueueConfig) -> None:
         self._client = client
-        self._common: list[Any] = [prefix, int(lease_ttl_s * 1000), int(rate_tau_s * 1000)]
+        self._common: list[Any] = [
+            cfg.redis_prefix,
+            int(cfg.lease_ttl_s * 1000),
+            int(RATE_TAU_S * 1000),
+            cfg.reserved_slots,
+            int(cfg.reserve_window_s * 1000),
+        ]
+        lib = _LIB.replace("RESERVE_SCAN", str(RESERVE_SCAN))
         self._scripts: dict[str, AsyncScript] = {
-            name: client.register_script(_LIB + body)
+            name: client.register_script(lib + body)
             for name, body in (
                 ("acquire", _ACQUIRE),
                 ("release", _RELEASE),

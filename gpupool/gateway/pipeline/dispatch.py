@@ -82,6 +82,8 @@ class Dispatcher:
             return f"status {status}"
         if status == 400 and any(m in data for m in _CONTEXT_MARKERS):
             r = ex.plan.route
+            at_least = (worker.window or 0) + 1 - (r.max_tokens or 1)  # what the 400 proves
+            self.candidates.router.tokens.learn(r.model, len(ex.plan.body), at_least)
             ex.plan.route = RouteRequest(
                 r.model, max(r.prompt_tokens, worker.window or 0), True, r.max_tokens,
                 r.image, r.video, r.audio, r.prefix_key,

@@ -46,8 +46,6 @@ from gpupool.gateway.upstream.client import DataPath
 from gpupool.workers.registry import Registry
 
 _BYTES_PER_TOKEN = 4  # a prompt's reserved tokens when not counted (the bound is bytes)
-# Routing's estimate: English runs about 4 bytes a token, JSON adds bytes, CJK about 3 (UTF-8).
-_ESTIMATE_BYTES_PER_TOKEN = 3
 
 
 class Pipeline:
@@ -218,7 +216,8 @@ class Pipeline:
             return route(bound, False)
         # Clear of the window it would go to: route by an estimate and skip the count (a
         # round trip to a worker); a worker's context-length 400 moves it to a larger window.
-        estimate = len(req.raw) // _ESTIMATE_BYTES_PER_TOKEN
+        tokens = self.candidates.router.tokens  # routing/estimate.py: learned bytes a token
+        estimate = tokens.tokens(model.name, len(req.raw))
         target = min((w for w in windows if w > estimate), default=None)
         if target is not None and estimate < self.cfg.routing.exact_count_margin * target:
             return route(estimate, False)
@@ -228,6 +227,7 @@ class Pipeline:
             chat = kind.count is Count.chat
             n = await exact_count(self.client, counter.url, req.body, model.name, chat)
             if n is not None:
+                tokens.learn(model.name, len(req.raw), n)
                 return route(n, True)
         # Not counted: a bound is no reason to refuse; the largest window tries, vLLM judges
         # (and a context-length 400 moves it no further: there is no larger window).

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from gpupool.gateway.routing.estimate import TokenEstimate
 from gpupool.workers.registry import Worker
 
 
@@ -72,6 +73,7 @@ class AffinityTable:
 class Router:
     def __init__(self, affinity_max_load: float = 0.75, prefix_affinity: bool = True) -> None:
         self.affinity = AffinityTable()
+        self.tokens = TokenEstimate()  # a prompt's tokens from its bytes, learned per model
         self._affinity_max_load = affinity_max_load
         self._use_affinity = prefix_affinity
 
