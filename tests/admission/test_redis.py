@@ -21,8 +21,9 @@ from gpupool.gateway.admission.fairness import encode_key
 from gpupool.gateway.admission.memory import MemoryAdmission
 from gpupool.gateway.admission.redis_backend import RedisAdmission
 from gpupool.gateway.errors import ServiceUnavailable
+from tests.conftest import RedisServer
 
-from .conftest import FakeWorkers, RedisServer, depth, enqueue, held, ticket, until
+from .conftest import FakeWorkers, depth, enqueue, held, ticket, until
 
 MakeRedis = Callable[..., Awaitable[RedisAdmission]]
 ROOT = Path(__file__).resolve().parents[2]

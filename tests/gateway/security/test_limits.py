@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -29,7 +29,7 @@ from gpupool.gateway.security.keys import Principal, hash_key
 from gpupool.gateway.security.limits import KeyLimits
 from gpupool.gateway.security.limits.base import Limit, Policy
 from gpupool.gateway.security.limits.memory import MemoryLimits
-from tests.admission.conftest import RedisServer
+from tests.conftest import RedisServer
 from tests.procs import gateway, running, sim
 from tests.procs import redis_server as redis_proc
 
@@ -39,22 +39,6 @@ ROOT = Path(__file__).resolve().parents[3]
 def principal(name: str = "alice", **limits: int) -> Principal:
     key = ApiKey(name=name, sha256="a" * 64, **limits)
     return Principal(name, name, key=key)
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer()
-    server.start()
-    yield server
-    server.kill()
-
-
-@pytest.fixture
-def own_redis() -> Iterator[RedisServer]:
-    server = RedisServer()
-    server.start()
-    yield server
-    server.kill()
 
 
 Build = Callable[..., Awaitable[KeyLimits]]
