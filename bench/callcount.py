@@ -27,7 +27,7 @@ from rig import PY, ROOT, Proc, free_port
 from targets import MODELS, baseline_tree
 
 # wrk's script: stop after a fixed number of requests (each thread counts its own).
-_STOP_AFTER = """
+STOP_AFTER = """
 local n = 0
 response = function()
   n = n + 1
@@ -36,7 +36,7 @@ end
 """
 
 
-def _config(tmp: Path, port: int, upstream: int) -> Path:
+def gateway_config(tmp: Path, port: int, upstream: int) -> Path:
     import yaml
 
     cfg = {
@@ -58,7 +58,7 @@ def profile(
     """Run the gateway from ``source`` under cProfile, ``warm`` requests unprofiled first;
     the profile and the number of requests it saw."""
     port = free_port()
-    cfg = _config(tmp, port, upstream)
+    cfg = gateway_config(tmp, port, upstream)
     out = tmp / f"profile-{source.name}.pstats"
     driver = tmp / "driver.py"
     driver.write_text(
@@ -80,7 +80,7 @@ def profile(
         script = tmp / "wrk-count.lua"
         seen = 0
         for n, profiled in ((warm, False), (count, True)):
-            script.write_text(plain.read_text() + _STOP_AFTER.format(count=n))
+            script.write_text(plain.read_text() + STOP_AFTER.format(count=n))
             if profiled:
                 proc.proc.send_signal(signal.SIGUSR1)  # type: ignore[union-attr]
                 time.sleep(0.2)

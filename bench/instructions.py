@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import wrkbench
-from callcount import _STOP_AFTER, _config
+from callcount import STOP_AFTER, gateway_config
 from rig import PY, ROOT, free_port, http_ok
 from targets import baseline_tree
 
@@ -35,7 +35,7 @@ def count(source: Path, upstream: int, tmp: Path, wrk: str, warm: int, n: int) -
     """Instructions per request of the gateway from ``source`` (``n`` requests counted)."""
     tmp.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    cfg = _config(tmp, port, upstream)
+    cfg = gateway_config(tmp, port, upstream)
     out = tmp / "callgrind.out"
     argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
             str(PY), "-m", "gpupool", "serve", "--config", str(cfg)]  # fmt: skip
@@ -52,7 +52,7 @@ def count(source: Path, upstream: int, tmp: Path, wrk: str, warm: int, n: int) -
         script = tmp / "wrk-count.lua"
         seen = 0
         for requests, zero in ((warm, True), (n, False)):
-            script.write_text(plain.read_text() + _STOP_AFTER.format(count=requests))
+            script.write_text(plain.read_text() + STOP_AFTER.format(count=requests))
             # wrk runs for its whole duration even once its thread stopped (about 20 ms a
             # request under valgrind): count what it sent.
             seen = wrkbench.run_wrk(wrk, port, script, 1, max(20.0, requests / 20))["requests"]

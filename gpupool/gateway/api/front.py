@@ -28,6 +28,7 @@ from starlette.types import Message, Receive, Scope, Send
 from gpupool.gateway.api.errors import error_reply, reject
 from gpupool.gateway.api.lane import Lane
 from gpupool.gateway.api.middleware import (
+    content_length,
     current_request_id,
     new_request_id,
     read_body,
@@ -239,11 +240,7 @@ async def _body(
     The deadline is one timer that cancels this task (``asyncio.timeout`` does the same with
     a context manager's worth of extra work, on every request).
     """
-    declared = None
-    for k, v in headers:
-        if k == b"content-length":
-            declared = int(v) if v.isdigit() else None
-            break
+    declared = content_length(headers)
     task = asyncio.current_task()
     assert task is not None
     expired: list[bool] = []

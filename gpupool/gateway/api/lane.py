@@ -210,12 +210,14 @@ class Lane:
     def _whole(self, reply: Reply, extra: list[tuple[bytes, bytes]]) -> None:
         if self._gone or self.response_started:
             return
-        length = b"content-length: %d\r\n" % len(reply.body)
-        head = self._head(reply, extra, length)
+        body = reply.body
+        head = self._head(reply, extra, b"content-length: %d\r\n" % len(body))
         self.response_started = True
-        self.transport.write(head + reply.body if len(reply.body) < 65536 else head)
-        if len(reply.body) >= 65536:
-            self.transport.write(reply.body)
+        if len(body) < 65536:  # one write; a large body is not copied to join it
+            self.transport.write(head + body)
+        else:
+            self.transport.write(head)
+            self.transport.write(body)
         self._done()
 
     def _done(self) -> None:

@@ -56,10 +56,22 @@ class RequestIdMiddleware:
             current_request_id.reset(token)
 
 
+def content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    """The declared ``content-length`` (a valid one), or None."""
+    for k, v in headers:
+        if k == b"content-length":
+            return int(v) if v.isdigit() else None
+    return None
+
+
+def too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"Request body larger than {limit} bytes.")
+
+
 async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes:
     """The whole request body, refusing more than ``limit`` bytes (413)."""
     if declared is not None and declared > limit:
-        raise PayloadTooLarge(f"Request body larger than {limit} bytes.")
+        raise too_large(limit)
     chunks: list[bytes] = []
     size = 0
     more = True
@@ -70,7 +82,7 @@ async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLarge(f"Request body larger than {limit} bytes.")
+            raise too_large(limit)
         chunks.append(chunk)
         more = message.get("more_body", False)
     return b"".join(chunks)

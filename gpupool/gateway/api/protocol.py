@@ -30,7 +30,8 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 
 from gpupool.gateway.api.lane import Lane
-from gpupool.gateway.errors import PayloadTooLarge, RequestTimeout
+from gpupool.gateway.api.middleware import content_length, too_large
+from gpupool.gateway.errors import RequestTimeout
 
 if TYPE_CHECKING:
     from gpupool.gateway.api.front import Front
@@ -212,11 +213,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if not front.head(lane, parser.get_method()):
             return False
         if lane.error is None:
-            declared = _content_length(self.headers)
+            declared = content_length(self.headers)
             if declared is not None and declared > front.server.max_body_bytes:
-                lane.error = PayloadTooLarge(
-                    f"Request body larger than {front.server.max_body_bytes} bytes."
-                )
+                lane.error = too_large(front.server.max_body_bytes)
                 lane.closing = True
         lane.expect_continue = self.expect_100_continue
         existing = self.cycle
@@ -243,11 +242,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if lane.closing or lane.response_started:
             return
         lane.size += len(body)
-        front = cast("Front", self._front)
+        front = self._front  # set: a lane exists only when it is
+        assert front is not None
         if lane.size > front.server.max_body_bytes:
-            lane.error = PayloadTooLarge(
-                f"Request body larger than {front.server.max_body_bytes} bytes."
-            )
+            lane.error = too_large(front.server.max_body_bytes)
             lane.closing = True
             lane.body.clear()
             return
@@ -267,7 +265,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         if self.transport.is_closing():
             return
-        front = cast("Front", self._front)
+        front = self._front  # set: a lane exists only when it is
+        assert front is not None
         if lane.complete and not lane.closing:
             self._stop_body_timer()
             self._serving = lane
@@ -441,13 +440,6 @@ class CoalescingCycle(RequestResponseCycle):
                 transport.write(b"".join(buffered.parts))
             if buffered.closed:
                 transport.close()
-
-
-def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
-    for k, v in headers:
-        if k == b"content-length":
-            return int(v) if v.isdigit() else None
-    return None
 
 
 def _sized(message: Any) -> bool:
