@@ -166,7 +166,9 @@ def test_queued_stream_that_times_out_is_a_real_429_the_sdk_retries(
 
 
 def test_priority_then_tenant_fairness_order(backend: dict[str, Any], tmp_path: Path) -> None:
-    w = sim(model=MODEL, tmp=tmp_path, max_num_seqs=64, ttft_ms=300)
+    # "hold" keeps the one slot for ttft_ms while the others queue (all within ~0.25 s): a
+    # second of it leaves room for a loaded machine (300 ms was once not enough under CI).
+    w = sim(model=MODEL, tmp=tmp_path, max_num_seqs=64, ttft_ms=1000)
     gw = gateway(_cfg([("w", w, 1)], _queue_cfg(backend)), tmp_path)
     with running(w), running(gw, ready_path="/ready"):
         url = gw.url + "/v1/completions"
