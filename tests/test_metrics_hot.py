@@ -63,3 +63,30 @@ def test_the_lock_free_values_are_the_ones_scraped() -> None:
     hchild = m.queue_wait.family.labels("chat")
     assert isinstance(hchild, Histogram) and hchild._sum is hist._sum
     assert hchild._buckets is hist._buckets
+
+
+def test_bundles_scrape_as_the_labelled_calls_they_replace() -> None:
+    """``Metrics.served``/``admitted`` (one lookup a request) against the same figures written
+    through ``labels()``: the scrape must not tell them apart."""
+    bundled, plain = Metrics(), Metrics()
+    for status, seconds, prompt, completion in (("200", 0.2, 10, 5), ("200", 3.0, 7, 0),
+                                                ("502", 0.01, 0, 0)):  # fmt: skip
+        bundled.served("chat", "w1").record(status, seconds, prompt, completion)
+        plain.requests.labels("chat", "w1", status).inc()
+        plain.latency.labels("chat", "w1").observe(seconds)
+        for kind, n in (("prompt", prompt), ("completion", completion)):
+            if n:
+                plain.tokens.labels("chat", "w1", kind).inc(n)
+    for queued_s in (0.0, 0.0, 0.3, 12.0):
+        bundled.admitted("chat").record(queued_s)
+        plain.admission.labels("chat", "queued" if queued_s > 0 else "immediate", "").inc()
+        plain.queue_wait.labels("chat").observe(queued_s)
+
+    def figures(m: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return {k: v for k, v in _samples(m).items() if not k[0].endswith("_created")}
+
+    assert figures(bundled) == figures(plain)
+    # a series appears with its first value, as through labels(): no 0-valued token series
+    fresh = Metrics()
+    fresh.served("chat", "w2").record("200", 0.1, 0, 0)
+    assert not any(name == "gpupool_tokens_total" for name, _ in _samples(fresh))

@@ -94,6 +94,55 @@ class HotHistogram:
         return child
 
 
+class Served:
+    """One (model, worker)'s per-request series, looked up once: what a request records when
+    it ends (``Metrics.served``). Token series appear with their first tokens, as before."""
+
+    __slots__ = ("_completion", "_key", "_m", "_prompt", "_statuses", "latency")
+
+    def __init__(self, metrics: Metrics, model: str, worker: str) -> None:
+        self._m = metrics
+        self._key = (model, worker)
+        self.latency = metrics.latency.labels(model, worker)
+        self._statuses: dict[str, _Tally] = {}
+        self._prompt: _Tally | None = None
+        self._completion: _Tally | None = None
+
+    def record(self, status: str, seconds: float, prompt: int, completion: int) -> None:
+        tally = self._statuses.get(status)
+        if tally is None:
+            tally = self._statuses[status] = self._m.requests.labels(*self._key, status)
+        tally._value += 1
+        self.latency.observe(seconds)
+        if prompt:
+            if self._prompt is None:
+                self._prompt = self._m.tokens.labels(*self._key, "prompt")
+            self._prompt._value += prompt
+        if completion:
+            if self._completion is None:
+                self._completion = self._m.tokens.labels(*self._key, "completion")
+            self._completion._value += completion
+
+
+class Admitted:
+    """One model's admission series for a granted slot (``Metrics.admitted``)."""
+
+    __slots__ = ("immediate", "queued", "wait")
+
+    def __init__(self, metrics: Metrics, model: str) -> None:
+        self.immediate = metrics.admission.labels(model, "immediate", "")
+        self.queued = metrics.admission.labels(model, "queued", "")
+        self.wait = metrics.queue_wait.labels(model)
+
+    def record(self, queued_s: float) -> None:
+        if queued_s > 0:
+            self.queued._value += 1
+            self.wait.observe(queued_s)
+        else:  # ``wait.observe(0.0)`` without the search: the first bucket, the sum unchanged
+            self.immediate._value += 1
+            self.wait._buckets[0]._value += 1
+
+
 def _unlocked(child: Counter | Histogram, attr: str) -> _Tally:
     """Swap the child's locked value ``attr`` for a :class:`_Tally` (same reads for a scrape).
 
@@ -167,6 +216,23 @@ class Metrics:
             "gpupool_upstream_retries", "Requests retried on another worker before any byte.",
             [*mw, "reason"], registry=r,
         )  # fmt: skip
+
+        self._served: dict[tuple[str, str], Served] = {}
+        self._admitted: dict[str, Admitted] = {}
+
+    def served(self, model: str, worker: str) -> Served:
+        """The series a request on ``worker`` records when it ends."""
+        bundle = self._served.get((model, worker))
+        if bundle is None:
+            bundle = self._served[(model, worker)] = Served(self, model, worker)
+        return bundle
+
+    def admitted(self, model: str) -> Admitted:
+        """The series a granted slot of ``model`` records."""
+        bundle = self._admitted.get(model)
+        if bundle is None:
+            bundle = self._admitted[model] = Admitted(self, model)
+        return bundle
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

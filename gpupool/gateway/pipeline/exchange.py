@@ -122,12 +122,10 @@ class Exchange:
 
     def _record(self) -> None:
         d, plan, worker = self._deps, self.plan, self.lease.worker
-        model = plan.model.name
-        d.metrics.requests.labels(model, worker, self.status).inc()
-        d.metrics.latency.labels(model, worker).observe(time.monotonic() - plan.started)
-        for kind, n in (("prompt", self.prompt), ("completion", self.completion)):
-            if n:
-                d.metrics.tokens.labels(model, worker, kind).inc(n)
+        seconds = time.monotonic() - plan.started
+        d.metrics.served(plan.model.name, worker).record(
+            self.status, seconds, self.prompt, self.completion
+        )
         if self.status == "200":
             d.router.served(plan.route, worker)
             d.registry.succeeded(worker)

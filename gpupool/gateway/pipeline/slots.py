@@ -32,9 +32,7 @@ class Slots:
             raise
         # No await between the grant and this point: the caller owns the lease from here.
         self.registry.started(lease.worker)
-        decision = "queued" if lease.queued_s > 0 else "immediate"
-        self.metrics.admission.labels(ticket.model, decision, "").inc()
-        self.metrics.queue_wait.labels(ticket.model).observe(lease.queued_s)
+        self.metrics.admitted(ticket.model).record(lease.queued_s)
         return lease
 
     async def give(self, lease: Lease) -> None:
