@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import secrets
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -17,7 +18,8 @@ from rig import GATEWAY_CPU, PY, ROOT, Proc, ensure_venv, free_port, pip_version
 
 MODELS = ("fast", "paced", "idle")
 PEERS = ("vllm-router", "sglang-router", "litellm")
-ALL = ("direct", "gpupool", "gpupool-base", "gpupool-redis", "aiohttp-naive", *PEERS)
+ALL = ("direct", "gpupool", "gpupool-base", "gpupool-redis", "aiohttp-naive", "python-floor",
+       "python-floor-task", *PEERS)  # fmt: skip
 
 
 @dataclass
@@ -99,6 +101,18 @@ def _naive(upstream: int, tmp: Path) -> Target:
     proc = Proc("aiohttp-naive", argv, GATEWAY_CPU, tmp / "aiohttp-naive.log")
     note = "aiohttp server + client session, forwarding only (bench/naive_proxy.py)"
     return Target("aiohttp-naive", port, metadata.version("aiohttp"), proc=proc, note=note)
+
+
+def _floor(name: str, upstream: int, tmp: Path) -> Target:
+    port = free_port()
+    argv = [str(PY), str(Path(__file__).with_name("floor_proxy.py")), "--port", str(port),
+            "--upstream", f"127.0.0.1:{upstream}"]  # fmt: skip
+    note = "uvloop + httptools callbacks both ways, forwarding only (bench/floor_proxy.py)"
+    if name == "python-floor-task":
+        argv.append("--task")
+        note += "; each request in an asyncio task awaiting a future"
+    proc = Proc(name, argv, GATEWAY_CPU, tmp / f"{name}.log")
+    return Target(name, port, metadata.version("httptools"), proc=proc, note=note)
 
 
 def _rust_router(name: str, upstream: int, tmp: Path, logs: Path) -> Target:
@@ -200,24 +214,22 @@ def build(
     baseline: Path | None = None,
 ) -> list[Target]:
     """``gpupool-base`` is gpupool run from ``baseline`` (a tree of another commit)."""
-    out: list[Target] = []
-    for name in names:
-        if name == "direct":
-            out.append(Target("direct", upstream, note="the upstream itself: the physical limit"))
-        elif name == "gpupool":
-            out.append(_gpupool(name, upstream, tmp, None))
-        elif name == "gpupool-base":
-            if baseline is None:
-                raise SystemExit("gpupool-base needs --baseline REV")
-            out.append(_gpupool(name, upstream, tmp, None, baseline))
-        elif name == "gpupool-redis":
-            out.append(_gpupool(name, upstream, tmp, redis_url))
-        elif name == "aiohttp-naive":
-            out.append(_naive(upstream, tmp))
-        elif name in ("vllm-router", "sglang-router"):
-            out.append(_rust_router(name, upstream, tmp, logs))
-        elif name == "litellm":
-            out.append(_litellm(upstream, tmp, logs))
-        else:
-            raise SystemExit(f"unknown target {name!r} (known: {', '.join(ALL)})")
-    return out
+    if "gpupool-base" in names and baseline is None:
+        raise SystemExit("gpupool-base needs --baseline REV")
+    makers: dict[str, Callable[[], Target]] = {
+        "direct": lambda: Target("direct", upstream,
+                                 note="the upstream itself: the physical limit"),
+        "gpupool": lambda: _gpupool("gpupool", upstream, tmp, None),
+        "gpupool-base": lambda: _gpupool("gpupool-base", upstream, tmp, None, baseline),
+        "gpupool-redis": lambda: _gpupool("gpupool-redis", upstream, tmp, redis_url),
+        "aiohttp-naive": lambda: _naive(upstream, tmp),
+        "python-floor": lambda: _floor("python-floor", upstream, tmp),
+        "python-floor-task": lambda: _floor("python-floor-task", upstream, tmp),
+        "vllm-router": lambda: _rust_router("vllm-router", upstream, tmp, logs),
+        "sglang-router": lambda: _rust_router("sglang-router", upstream, tmp, logs),
+        "litellm": lambda: _litellm(upstream, tmp, logs),
+    }  # fmt: skip
+    unknown = [n for n in names if n not in makers]
+    if unknown:
+        raise SystemExit(f"unknown target {unknown[0]!r} (known: {', '.join(ALL)})")
+    return [makers[name]() for name in names]

@@ -33,7 +33,8 @@ from rig import BENCH, RIG_CPU, Proc, alone, free_port, nice, oncpu_ns, pin_self
 from targets import Target, baseline_tree, build
 from upstream import Canned
 
-WRK_TARGETS = ("gpupool", "gpupool-base", "aiohttp-naive", "vllm-router", "sglang-router")
+WRK_TARGETS = ("gpupool", "gpupool-base", "aiohttp-naive", "python-floor", "python-floor-task",
+               "vllm-router", "sglang-router")  # fmt: skip
 BODY = b'{"model":"fast","messages":[{"role":"user","content":"Say something."}],"max_tokens":64}'
 PATH = "/v1/chat/completions"
 # wrk's ``done()`` hook prints the figures as JSON (microseconds), not rounded text.

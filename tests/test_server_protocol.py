@@ -113,3 +113,25 @@ async def test_busy_keep_alive_connection_stays_and_an_idle_one_is_closed(server
     # then idle: closed by the keep-alive timeout (well before this test's 5 s limit)
     assert await asyncio.wait_for(reader.read(), 5) == b""
     writer.close()
+
+
+async def test_invalid_request_gets_400_and_a_closed_connection(server: int) -> None:
+    """The protocol's own ``data_received`` (uvicorn's, written out): a parser error is a 400."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", server)
+    writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+    data = await asyncio.wait_for(reader.read(), 5)
+    assert data.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+    assert data.endswith(b"Invalid HTTP request received.")
+    writer.close()
+
+
+async def test_headers_are_lowercased_and_expect_continue_is_answered(server: int) -> None:
+    """``on_header`` (uvicorn's, written out): ``Expect: 100-continue`` in any case is heard."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", server)
+    writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nExpect: 100-Continue\r\nContent-Length: 2\r\n\r\n")
+    interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+    writer.write(b"{}")
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+    writer.close()
