@@ -123,13 +123,16 @@ class Exchange:
     def _record(self) -> None:
         d, plan, worker = self._deps, self.plan, self.lease.worker
         model = plan.model.name
+        elapsed = time.monotonic() - plan.started
         d.metrics.requests.labels(model, worker, self.status).inc()
-        d.metrics.latency.labels(model, worker).observe(time.monotonic() - plan.started)
+        d.metrics.latency.labels(model, worker).observe(elapsed)
         for kind, n in (("prompt", self.prompt), ("completion", self.completion)):
             if n:
                 d.metrics.tokens.labels(model, worker, kind).inc(n)
         if self.status == "200":
-            d.router.served(plan.route, worker)
+            # the worker's own time (not the queue's); a retried request is no clean sample
+            took = 0.0 if plan.tried else elapsed - self.lease.queued_s
+            d.router.served(plan.route, worker, took, self.completion)
             d.registry.succeeded(worker)
 
 
