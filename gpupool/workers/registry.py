@@ -204,7 +204,11 @@ class Registry:
         w.vllm_waiting, w.vllm_running, w.kv_usage = waiting, running, kv_usage
         inflight, total = before
         ours = inflight + (w.requests_total - total)
-        w.vllm_external = max(0.0, running + waiting - ours)
+        # vLLM counts a request only once its API server has tokenized it, a good part of its
+        # life on a busy worker: one scrape can miss outside work, so the count falls by at
+        # most one request a scrape.
+        seen = max(0.0, running + waiting - ours)
+        w.vllm_external = max(seen, w.vllm_external - 1.0)
 
     async def wait_idle(self, worker: Worker, timeout_s: float) -> bool:
         """Wait until ``worker`` has nothing in flight (True) or ``timeout_s`` passes (False)."""

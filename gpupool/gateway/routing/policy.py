@@ -8,8 +8,9 @@ then the smallest window that fits, so that short requests keep long-context cap
 worker that has lately served the gateway's requests at least twice as slowly as the best one
 (``pace.py``) counts one band busier per doubling and, on a tie, ranks after the others; so does,
 on a tie, a worker running work that did not come through the gateway. A
-prefix affinity hit moves its worker to the front while that worker is not overloaded, so vLLM's
-prefix cache is reused.
+prefix affinity hit moves its worker to the front while that worker has a free slot
+(``affinity_max_load``), so vLLM's prefix cache is reused: a conversation moved re-reads its whole
+history, which costs more than a place in a busier worker's batch.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ class AffinityTable:
 
 
 class Router:
-    def __init__(self, affinity_max_load: float = 0.75, prefix_affinity: bool = True) -> None:
+    def __init__(self, affinity_max_load: float = 1.0, prefix_affinity: bool = True) -> None:
         self.affinity = AffinityTable()
         self.tokens = TokenEstimate()  # a prompt's tokens from its bytes, learned per model
         self.pace = Pace()  # how fast each worker served the gateway's requests lately

@@ -23,15 +23,21 @@ def first(router: Router, r: RouteRequest, workers: list[Worker]) -> str:
     return router.decide(r, workers).candidates[0].name
 
 
-def test_a_conversation_returns_to_its_worker_while_it_is_not_overloaded() -> None:
+def test_a_conversation_returns_to_its_worker_while_it_has_a_free_slot() -> None:
     router, a, b = Router(), worker("a"), worker("b")
     router.served(req(key=7), "a")
-    a.inflight = 2  # half busy; b idle: a miss would cost the whole history's prefill
+    a.inflight = 3  # three quarters busy; b idle: a miss would cost the whole history's prefill
     assert first(router, req(key=7), [a, b]) == "a"
 
 
-def test_a_conversation_leaves_an_overloaded_worker_for_a_less_busy_one() -> None:
-    router, a, b = Router(), worker("a", inflight=3), worker("b", inflight=1)
+def test_a_conversation_leaves_a_full_worker_for_a_less_busy_one() -> None:
+    router, a, b = Router(), worker("a", inflight=4), worker("b", inflight=1)
+    router.served(req(key=7), "a")
+    assert first(router, req(key=7), [a, b]) == "b"
+
+
+def test_a_lower_affinity_limit_moves_a_conversation_sooner() -> None:
+    router, a, b = Router(affinity_max_load=0.75), worker("a", inflight=3), worker("b")
     router.served(req(key=7), "a")
     assert first(router, req(key=7), [a, b]) == "b"
 
@@ -52,8 +58,8 @@ def test_a_short_request_spills_to_the_long_window_once_the_small_one_is_a_band_
     assert first(Router(), req(300), [long_w, short_w]) == "long"
 
 
-def test_a_conversation_on_a_worker_over_three_quarters_busy_is_placed_like_a_new_one() -> None:
-    router, a, b = Router(), worker("a", inflight=3), worker("b", inflight=3)
+def test_a_conversation_on_a_full_worker_is_placed_like_a_new_one() -> None:
+    router, a, b = Router(), worker("a", inflight=4), worker("b", inflight=4)
     router.served(req(key=7), "b")
     assert first(router, req(key=7), [a, b]) == "a"  # equal load: by name, not by affinity
 
@@ -111,8 +117,8 @@ def test_requests_the_gateway_started_while_the_scrape_ran_are_its_own() -> None
     assert scraped(w, running=1, before=(0, 0)).vllm_external == 0
 
 
-def test_a_conversation_leaves_a_worker_busy_with_outside_work() -> None:
-    router, a, b = Router(), scraped(worker("a"), running=3), worker("b")
+def test_a_conversation_leaves_a_worker_full_of_outside_work() -> None:
+    router, a, b = Router(), scraped(worker("a"), running=4), worker("b")
     router.served(req(key=7), "a")
     assert first(router, req(key=7), [a, b]) == "b"
 
@@ -123,3 +129,12 @@ def test_on_equal_load_a_worker_without_outside_work_wins_over_the_smaller_windo
     long_w = worker("long", 8192, inflight=1)
     short_w = scraped(worker("short", 2048), running=1)
     assert first(Router(), req(300), [long_w, short_w]) == "long"
+
+
+def test_outside_work_missed_by_one_scrape_falls_by_one_request_a_scrape() -> None:
+    """vLLM counts a request only once it is tokenized: a scrape between two of a hog's
+    requests shows fewer than are there."""
+    w = scraped(worker("short", 2048), running=3)
+    for expected in (2, 1, 0, 0):
+        assert scraped(w, running=0).vllm_external == expected
+    assert scraped(w, running=2).vllm_external == 2
