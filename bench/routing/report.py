@@ -234,6 +234,20 @@ def versus_base(res: dict[str, Any]) -> list[str]:
     return out
 
 
+def _footprint(res: dict[str, Any]) -> list[str]:
+    """Workload 1's conversations against the workers' KV caches (the regime it measures)."""
+    kv, sz = res.get("kv_tokens") or {}, res.get("sizes", {})
+    if not kv or "conversations" not in sz:
+        return []
+    one = sz["system_tokens"] + sz["turns"] * sz["turn_tokens"] + (sz["turns"] - 1) * sz[
+        "reply_tokens"]  # fmt: skip
+    total = sz["conversations"] * one
+    caches = ", ".join(f"{n} {t:,}" for n, t in kv.items() if t)
+    return [f"KV cache per worker (tokens, from its start-up log): {caches}. Workload 1's "
+            f"{sz['conversations']} conversations hold about {total:,} prompt tokens at their "
+            f"last turn: more than one worker's cache, less than the pool's.", ""]  # fmt: skip
+
+
 def markdown(res: dict[str, Any]) -> str:
     m = res.get("model", {})
     lines = ["# Routing quality on real vLLM", "",
@@ -245,6 +259,7 @@ def markdown(res: dict[str, Any]) -> str:
              + ". Versions: " + ", ".join(f"{k} {v}" for k, v in res.get("versions", {}).items())
              + ". Percentiles pool every round's requests; 'per round' gives the min-max of the "
                "rounds' own percentile (the noise of this shared machine).", "",
+             *_footprint(res),
              *([f"Routers renamed after the run: {res['renamed']}."] if "renamed" in res else []),
              "", "## Targets (issue 15)", "", *targets(res)]  # fmt: skip
     if any(n.startswith("gpupool@") for r in res["runs"].values() for n in r):

@@ -29,13 +29,13 @@ class Sizes:
 
     tokens_per_word: float = 1.0
     # 1: multi-turn conversations
-    conversations: int = 8
+    conversations: int = 12  # with the default --kv-blocks: more than one worker's cache holds
     turns: int = 4
     system_tokens: int = 1000
     turn_tokens: int = 120
     reply_tokens: int = 60
-    think_s: float = 1.0
-    stagger_s: float = 0.5
+    think_s: float = 2.0
+    stagger_s: float = 0.2
     # 2: mixed context lengths
     mixed_requests: int = 24
     mixed_long_every: int = 4
