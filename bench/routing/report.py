@@ -182,6 +182,7 @@ def targets(res: dict[str, Any]) -> list[str]:
         out.append(f"- Workload 2: {errs} errors through gpupool ({_ok(errs == 0)}); long TTFT "
                    f"p50 {ms(p50[gp])} ms, better than every peer's that served any: "
                    f"{_ok(beats)}")  # fmt: skip
+        out += paired_long(rs, peers)
     if gp in runs.get("flood", {}):
         rs = runs["flood"][gp]
         ratio = pct(pooled(rs, "flood"), 99) / pct(pooled(rs, "idle"), 99)
@@ -200,6 +201,33 @@ def targets(res: dict[str, Any]) -> list[str]:
                 f"ms ({_ok(p99[gp] <= p99[best])})"
             )
     return out
+
+
+def paired_long(rs: dict[str, Runs], peers: list[str]) -> list[str]:
+    """gpupool against each peer over the long requests that both served (same prompts, same
+    places in the round): a peer that fails a long request has no TTFT for it, so its pooled
+    figure leaves out the requests it sent to a window too small."""
+    gp = rs.get("gpupool", [])
+    if not gp or "long_each" not in gp[0]:
+        return []
+    parts, wins = [], True
+    for peer in peers:
+        ours: list[float] = []
+        theirs: list[float] = []
+        for a, b in zip(gp, rs[peer], strict=False):
+            for x, y in zip(a.get("long_each", []), b.get("long_each", []), strict=False):
+                if x is not None and y is not None:
+                    ours.append(x)
+                    theirs.append(y)
+        if not ours:
+            continue
+        mine, other = pct(ours, 50), pct(theirs, 50)
+        wins = wins and mine < other
+        parts.append(f"{peer} {ms(mine)} vs {ms(other)} ms ({len(ours)})")
+    if not parts:
+        return []
+    return [f"  - on the same long requests (gpupool vs the peer, p50, requests both served): "
+            f"{'; '.join(parts)}: {_ok(wins)}"]  # fmt: skip
 
 
 def ordered(res: dict[str, Any], runs: dict[str, Runs]) -> dict[str, Runs]:

@@ -173,6 +173,9 @@ async def mixed(ctx: Ctx, url: str) -> dict[str, Any]:
         out[f"{kind}_ttft"] = [c.ttft for c in mine if c.status == 200]
         out[f"{kind}_errors"] = sum(c.status != 200 for c in mine)
         out[f"{kind}_error_sample"] = next((c.error for c in mine if c.status != 200), "")
+    # each long request's TTFT in order, None where it failed: routers compared on the same ones
+    out["long_each"] = [c.ttft if c.status == 200 else None
+                        for k, c in zip(kinds, calls, strict=True) if k == "long"]  # fmt: skip
     out["ok_per_s"] = sum(c.status == 200 for c in calls) / wall
     return out
 
