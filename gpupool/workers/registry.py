@@ -59,6 +59,7 @@ class Worker:
     kv_usage: float = 0.0
     # what vLLM ran or queued beyond this gateway's own requests when last scraped (see scraped)
     vllm_external: float = 0.0
+    vllm_external_last: float = 0.0  # the last scrape's own count
     # health and lifecycle
     consecutive_failures: int = 0
     restarts: int = 0
@@ -205,10 +206,10 @@ class Registry:
         inflight, total = before
         ours = inflight + (w.requests_total - total)
         # vLLM counts a request only once its API server has tokenized it, a good part of its
-        # life on a busy worker: one scrape can miss outside work, so the count falls by at
-        # most one request a scrape.
+        # life on a busy worker: one scrape can miss outside work, so the larger of the last
+        # two counts stands (a queue that emptied is forgotten one period later).
         seen = max(0.0, running + waiting - ours)
-        w.vllm_external = max(seen, w.vllm_external - 1.0)
+        w.vllm_external, w.vllm_external_last = max(seen, w.vllm_external_last), seen
 
     async def wait_idle(self, worker: Worker, timeout_s: float) -> bool:
         """Wait until ``worker`` has nothing in flight (True) or ``timeout_s`` passes (False)."""
