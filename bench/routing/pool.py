@@ -81,6 +81,17 @@ def start(specs: list[WorkerSpec], model_dir: Path, tmp: Path, kv_gib: int,
     return out
 
 
+_KV_TOKENS = re.compile(r"KV cache size: ([0-9,]+) tokens")
+
+
+def kv_tokens(w: Worker) -> int | None:
+    """The KV cache the worker allocated, in tokens, as its start-up log says (None: attached)."""
+    if w.proc is None:
+        return None
+    found = _KV_TOKENS.findall(w.proc.tail(2_000_000))
+    return int(found[-1].replace(",", "")) if found else None
+
+
 def wait(w: Worker, timeout: float) -> None:
     if w.proc is not None:
         w.proc.wait_http(w.url + "/health", timeout)

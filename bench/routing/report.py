@@ -182,6 +182,7 @@ def targets(res: dict[str, Any]) -> list[str]:
         out.append(f"- Workload 2: {errs} errors through gpupool ({_ok(errs == 0)}); long TTFT "
                    f"p50 {ms(p50[gp])} ms, better than every peer's that served any: "
                    f"{_ok(beats)}")  # fmt: skip
+        out += paired_long(rs, peers)
     if gp in runs.get("flood", {}):
         rs = runs["flood"][gp]
         ratio = pct(pooled(rs, "flood"), 99) / pct(pooled(rs, "idle"), 99)
@@ -200,6 +201,33 @@ def targets(res: dict[str, Any]) -> list[str]:
                 f"ms ({_ok(p99[gp] <= p99[best])})"
             )
     return out
+
+
+def paired_long(rs: dict[str, Runs], peers: list[str]) -> list[str]:
+    """gpupool against each peer over the long requests that both served (same prompts, same
+    places in the round): a peer that fails a long request has no TTFT for it, so its pooled
+    figure leaves out the requests it sent to a window too small."""
+    gp = rs.get("gpupool", [])
+    if not gp or "long_each" not in gp[0]:
+        return []
+    parts, wins = [], True
+    for peer in peers:
+        ours: list[float] = []
+        theirs: list[float] = []
+        for a, b in zip(gp, rs[peer], strict=False):
+            for x, y in zip(a.get("long_each", []), b.get("long_each", []), strict=False):
+                if x is not None and y is not None:
+                    ours.append(x)
+                    theirs.append(y)
+        if not ours:
+            continue
+        mine, other = pct(ours, 50), pct(theirs, 50)
+        wins = wins and mine < other
+        parts.append(f"{peer} {ms(mine)} vs {ms(other)} ms ({len(ours)})")
+    if not parts:
+        return []
+    return [f"  - on the same long requests (gpupool vs the peer, p50, requests both served): "
+            f"{'; '.join(parts)}: {_ok(wins)}"]  # fmt: skip
 
 
 def ordered(res: dict[str, Any], runs: dict[str, Runs]) -> dict[str, Runs]:
@@ -234,6 +262,20 @@ def versus_base(res: dict[str, Any]) -> list[str]:
     return out
 
 
+def _footprint(res: dict[str, Any]) -> list[str]:
+    """Workload 1's conversations against the workers' KV caches (the regime it measures)."""
+    kv, sz = res.get("kv_tokens") or {}, res.get("sizes", {})
+    if not kv or "conversations" not in sz:
+        return []
+    one = sz["system_tokens"] + sz["turns"] * sz["turn_tokens"] + (sz["turns"] - 1) * sz[
+        "reply_tokens"]  # fmt: skip
+    total = sz["conversations"] * one
+    caches = ", ".join(f"{n} {t:,}" for n, t in kv.items() if t)
+    return [f"KV cache per worker (tokens, from its start-up log): {caches}. Workload 1's "
+            f"{sz['conversations']} conversations hold about {total:,} prompt tokens at their "
+            f"last turn: more than one worker's cache, less than the pool's.", ""]  # fmt: skip
+
+
 def markdown(res: dict[str, Any]) -> str:
     m = res.get("model", {})
     lines = ["# Routing quality on real vLLM", "",
@@ -245,6 +287,7 @@ def markdown(res: dict[str, Any]) -> str:
              + ". Versions: " + ", ".join(f"{k} {v}" for k, v in res.get("versions", {}).items())
              + ". Percentiles pool every round's requests; 'per round' gives the min-max of the "
                "rounds' own percentile (the noise of this shared machine).", "",
+             *_footprint(res),
              *([f"Routers renamed after the run: {res['renamed']}."] if "renamed" in res else []),
              "", "## Targets (issue 15)", "", *targets(res)]  # fmt: skip
     if any(n.startswith("gpupool@") for r in res["runs"].values() for n in r):

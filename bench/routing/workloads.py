@@ -29,13 +29,13 @@ class Sizes:
 
     tokens_per_word: float = 1.0
     # 1: multi-turn conversations
-    conversations: int = 8
+    conversations: int = 12  # with the default --kv-blocks: more than one worker's cache holds
     turns: int = 4
     system_tokens: int = 1000
     turn_tokens: int = 120
     reply_tokens: int = 60
-    think_s: float = 1.0
-    stagger_s: float = 0.5
+    think_s: float = 2.0
+    stagger_s: float = 0.2
     # 2: mixed context lengths
     mixed_requests: int = 24
     mixed_long_every: int = 4
@@ -173,6 +173,9 @@ async def mixed(ctx: Ctx, url: str) -> dict[str, Any]:
         out[f"{kind}_ttft"] = [c.ttft for c in mine if c.status == 200]
         out[f"{kind}_errors"] = sum(c.status != 200 for c in mine)
         out[f"{kind}_error_sample"] = next((c.error for c in mine if c.status != 200), "")
+    # each long request's TTFT in order, None where it failed: routers compared on the same ones
+    out["long_each"] = [c.ttft if c.status == 200 else None
+                        for k, c in zip(kinds, calls, strict=True) if k == "long"]  # fmt: skip
     out["ok_per_s"] = sum(c.status == 200 for c in calls) / wall
     return out
 

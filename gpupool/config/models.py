@@ -252,7 +252,11 @@ class RoutingConfig(_Strict):
     retries: int = Field(2, ge=0, description="Other workers tried before the first byte.")
     prefix_affinity: bool = Field(True, description="Keep a conversation on one worker.")
     affinity_max_load: float = Field(
-        0.75, ge=0, le=1, description="Affinity is ignored when its worker is this loaded."
+        1.0,
+        ge=0,
+        le=1,
+        description="Affinity is ignored when its worker is this loaded (1: only when full; a "
+        "conversation moved re-reads its whole history).",
     )
     exact_count_margin: float = Field(
         0.9,

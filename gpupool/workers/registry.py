@@ -57,6 +57,9 @@ class Worker:
     vllm_waiting: float = 0.0
     vllm_running: float = 0.0
     kv_usage: float = 0.0
+    # what vLLM ran or queued beyond this gateway's own requests when last scraped (see scraped)
+    vllm_external: float = 0.0
+    vllm_external_last: float = 0.0  # the last scrape's own count
     # health and lifecycle
     consecutive_failures: int = 0
     restarts: int = 0
@@ -79,6 +82,13 @@ class Worker:
     def load(self) -> float:
         """Gateway in-flight against capacity (0..1+)."""
         return self.inflight / self.capacity if self.capacity else 1.0
+
+    @property
+    def busy(self) -> float:
+        """Load against capacity counting, besides the gateway's own requests, the work vLLM
+        showed beyond them at the last scrape: another replica's, a client going around the
+        gateway (0..1+)."""
+        return (self.inflight + self.vllm_external) / self.capacity if self.capacity else 1.0
 
     def set_state(self, state: WorkerState) -> None:
         if state is self.state:
@@ -176,6 +186,30 @@ class Registry:
         ):
             self.transition(w, WorkerState.failed)
         return w
+
+    def scraped(
+        self, name: str, waiting: float, running: float, kv_usage: float, before: tuple[int, int]
+    ) -> None:
+        """``name``'s vLLM load as scraped; ``before`` is its ``(inflight, requests_total)``
+        taken when the scrape was sent.
+
+        Every request of this gateway that the scrape may show was in flight when it was sent
+        or started while it ran, so what vLLM shows beyond those is someone else's work. The
+        count is taken against that moment, not against the in-flight count when routing reads
+        it: a scrape up to a period old still shows the gateway's requests that ended since,
+        and counting those as load moved traffic for no reason (docs/performance.md).
+        """
+        w = self._workers.get(name)
+        if w is None:
+            return
+        w.vllm_waiting, w.vllm_running, w.kv_usage = waiting, running, kv_usage
+        inflight, total = before
+        ours = inflight + (w.requests_total - total)
+        # vLLM counts a request only once its API server has tokenized it, a good part of its
+        # life on a busy worker: one scrape can miss outside work, so the larger of the last
+        # two counts stands (a queue that emptied is forgotten one period later).
+        seen = max(0.0, running + waiting - ours)
+        w.vllm_external, w.vllm_external_last = max(seen, w.vllm_external_last), seen
 
     async def wait_idle(self, worker: Worker, timeout_s: float) -> bool:
         """Wait until ``worker`` has nothing in flight (True) or ``timeout_s`` passes (False)."""

@@ -73,6 +73,7 @@ class RemotePoller:
 
     async def scrape(self, w: Worker) -> None:
         assert w.url is not None
+        before = (w.inflight, w.requests_total)
         load = await scrape_load(self.session, w.url)
         if load is not None:
-            w.vllm_waiting, w.vllm_running, w.kv_usage = load.waiting, load.running, load.kv_usage
+            self.registry.scraped(w.name, load.waiting, load.running, load.kv_usage, before)

@@ -122,12 +122,14 @@ class Exchange:
 
     def _record(self) -> None:
         d, plan, worker = self._deps, self.plan, self.lease.worker
-        seconds = time.monotonic() - plan.started
+        elapsed = time.monotonic() - plan.started
         d.metrics.served(plan.model.name, worker).record(
-            self.status, seconds, self.prompt, self.completion
+            self.status, elapsed, self.prompt, self.completion
         )
         if self.status == "200":
-            d.router.served(plan.route, worker)
+            # the worker's own time (not the queue's); a retried request is no clean sample
+            took = 0.0 if plan.tried else elapsed - self.lease.queued_s
+            d.router.served(plan.route, worker, took, self.completion)
             d.registry.succeeded(worker)
 
 

@@ -2,10 +2,15 @@
 
 Candidates are the ready workers of the model whose window holds the prompt, whose window is at
 least ``max_tokens`` (vLLM rejects larger), and whose media limits admit the request. They are
-ranked by load band (quarters of capacity), then vLLM's own waiting queue and KV-cache usage, then
-the smallest window that fits, so that short requests keep long-context capacity free. A prefix
-affinity hit moves its worker to the front while that worker is not overloaded, so vLLM's prefix
-cache is reused.
+ranked by load band (quarters of capacity: the gateway's own requests, plus the work vLLM showed
+beyond them at the last scrape, ``Worker.busy``), then vLLM's own waiting queue and KV-cache usage,
+then the smallest window that fits, so that short requests keep long-context capacity free. A
+worker that has lately served the gateway's requests at least twice as slowly as the best one
+(``pace.py``) counts one band busier per doubling and, on a tie, ranks after the others; so does,
+on a tie, a worker running work that did not come through the gateway. A
+prefix affinity hit moves its worker to the front while that worker has a free slot
+(``affinity_max_load``), so vLLM's prefix cache is reused: a conversation moved re-reads its whole
+history, which costs more than a place in a busier worker's batch.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from gpupool.gateway.routing.estimate import TokenEstimate
+from gpupool.gateway.routing.pace import Pace
 from gpupool.workers.registry import Worker
 
 
@@ -44,10 +50,23 @@ def fits(worker: Worker, req: RouteRequest) -> bool:
     return req.prompt_tokens < window
 
 
-def _rank_key(w: Worker) -> tuple[float, float, float, int, str]:
-    band = min(w.load, 1.0) // 0.25
+Rank = tuple[float, float, float, int, bool, int, str]
+
+
+def _rank_key(w: Worker, penalty: int = 0) -> Rank:
+    """On equal load a worker running outside work ranks after one whose load is all the
+    gateway's own: what the gateway sent it knows, what came around it it does not."""
+    band = min(w.busy, 1.0) // 0.25 + penalty
     kv_band = w.kv_usage // 0.25
-    return (band, w.vllm_waiting, kv_band, w.window or 0, w.name)
+    return (band, w.vllm_waiting, kv_band, penalty, w.vllm_external > 0, w.window or 0, w.name)
+
+
+def _rank(workers: list[Worker], slow: dict[str, int] | None) -> None:
+    """Sort best first; ``slow``: each slow worker's penalty in bands (``Pace.slow``)."""
+    if slow is None:
+        workers.sort(key=_rank_key)
+    else:
+        workers.sort(key=lambda w: _rank_key(w, slow.get(w.name, 0)))
 
 
 class AffinityTable:
@@ -71,9 +90,10 @@ class AffinityTable:
 
 
 class Router:
-    def __init__(self, affinity_max_load: float = 0.75, prefix_affinity: bool = True) -> None:
+    def __init__(self, affinity_max_load: float = 1.0, prefix_affinity: bool = True) -> None:
         self.affinity = AffinityTable()
         self.tokens = TokenEstimate()  # a prompt's tokens from its bytes, learned per model
+        self.pace = Pace()  # how fast each worker served the gateway's requests lately
         self._affinity_max_load = affinity_max_load
         self._use_affinity = prefix_affinity
 
@@ -88,7 +108,7 @@ class Router:
         if req.max_tokens is not None:
             roomy = [w for w in fitting if w.window is None or req.max_tokens <= w.window]
             fitting = roomy or sorted(fitting, key=lambda w: -(w.window or 0))[:1]
-        fitting.sort(key=_rank_key)
+        _rank(fitting, self.pace.slow(fitting))
         return Decision(self._apply_affinity(req, fitting))
 
     def _apply_affinity(self, req: RouteRequest, ranked: list[Worker]) -> list[Worker]:
@@ -98,10 +118,17 @@ class Router:
         if name is None:
             return ranked
         for i, w in enumerate(ranked):
-            if w.name == name and w.load < self._affinity_max_load:
+            if w.name == name and w.busy < self._affinity_max_load:
                 return [w, *ranked[:i], *ranked[i + 1 :]]
         return ranked
 
-    def served(self, req: RouteRequest, worker: str) -> None:
+    def served(
+        self, req: RouteRequest, worker: str, seconds: float = 0.0, output_tokens: int = 0
+    ) -> None:
+        """``worker`` answered ``req`` in ``seconds`` (0: unknown), ``output_tokens`` long (0:
+        unknown; then its ``max_tokens`` if it had one)."""
         if self._use_affinity and req.prefix_key is not None:
             self.affinity.put(req.prefix_key, worker)
+        out = output_tokens or req.max_tokens
+        if seconds > 0 and out:
+            self.pace.observe(worker, seconds, req.prompt_tokens, out)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpupool.gateway.routing.policy import Router, RouteRequest
-from gpupool.workers.registry import MediaCaps, Worker, WorkerState
+from gpupool.workers.registry import MediaCaps, Registry, Worker, WorkerState
 
 
 def worker(name: str, window: int = 4096, capacity: int = 4, **load: float) -> Worker:
@@ -23,15 +23,21 @@ def first(router: Router, r: RouteRequest, workers: list[Worker]) -> str:
     return router.decide(r, workers).candidates[0].name
 
 
-def test_a_conversation_returns_to_its_worker_while_it_is_not_overloaded() -> None:
+def test_a_conversation_returns_to_its_worker_while_it_has_a_free_slot() -> None:
     router, a, b = Router(), worker("a"), worker("b")
     router.served(req(key=7), "a")
-    a.inflight = 2  # half busy; b idle: a miss would cost the whole history's prefill
+    a.inflight = 3  # three quarters busy; b idle: a miss would cost the whole history's prefill
     assert first(router, req(key=7), [a, b]) == "a"
 
 
-def test_a_conversation_leaves_an_overloaded_worker_for_a_less_busy_one() -> None:
-    router, a, b = Router(), worker("a", inflight=3), worker("b", inflight=1)
+def test_a_conversation_leaves_a_full_worker_for_a_less_busy_one() -> None:
+    router, a, b = Router(), worker("a", inflight=4), worker("b", inflight=1)
+    router.served(req(key=7), "a")
+    assert first(router, req(key=7), [a, b]) == "b"
+
+
+def test_a_lower_affinity_limit_moves_a_conversation_sooner() -> None:
+    router, a, b = Router(affinity_max_load=0.75), worker("a", inflight=3), worker("b")
     router.served(req(key=7), "a")
     assert first(router, req(key=7), [a, b]) == "b"
 
@@ -52,8 +58,8 @@ def test_a_short_request_spills_to_the_long_window_once_the_small_one_is_a_band_
     assert first(Router(), req(300), [long_w, short_w]) == "long"
 
 
-def test_a_conversation_on_a_worker_over_three_quarters_busy_is_placed_like_a_new_one() -> None:
-    router, a, b = Router(), worker("a", inflight=3), worker("b", inflight=3)
+def test_a_conversation_on_a_full_worker_is_placed_like_a_new_one() -> None:
+    router, a, b = Router(), worker("a", inflight=4), worker("b", inflight=4)
     router.served(req(key=7), "b")
     assert first(router, req(key=7), [a, b]) == "a"  # equal load: by name, not by affinity
 
@@ -73,3 +79,75 @@ def test_images_only_go_to_workers_that_admit_them() -> None:
     text_only.media = MediaCaps(image=0)
     d = Router().decide(req(100, image=1), [text_only])
     assert d.candidates == [] and d.media_refused
+
+
+def scraped(w: Worker, running: float, before: tuple[int, int] | None = None) -> Worker:
+    """``w`` after a scrape showing ``running`` requests; ``before``: its (inflight,
+    requests_total) when the scrape was sent (default: as now)."""
+    reg = Registry()
+    reg.add(w)
+    reg.scraped(w.name, 0.0, running, 0.0, before or (w.inflight, w.requests_total))
+    return w
+
+
+def test_work_that_went_around_the_gateway_ranks_its_worker_after_an_idle_one() -> None:
+    """Three requests sent straight to `short` (another replica, a client going around the
+    gateway): the short request goes to `long`, though `short` has the smaller window."""
+    long_w, short_w = worker("long", 8192), scraped(worker("short", 2048), running=3)
+    assert first(Router(), req(300), [long_w, short_w]) == "long"
+
+
+def test_the_gateways_own_requests_in_a_scrape_are_not_someone_elses() -> None:
+    own = scraped(worker("short", 2048, inflight=1), running=1)
+    assert own.vllm_external == 0
+    assert first(Router(), req(300), [worker("long", 8192, inflight=1), own]) == "short"
+
+
+def test_a_scrape_taken_before_the_gateways_requests_ended_shows_no_outside_work() -> None:
+    """The scrape was sent while two of the gateway's requests ran; both ended before routing
+    reads it. Against the in-flight count now they would look like outside work."""
+    short_w = scraped(worker("short", 2048), running=2, before=(2, 0))
+    assert short_w.vllm_external == 0
+    assert first(Router(), req(300), [worker("long", 8192), short_w]) == "short"
+
+
+def test_requests_the_gateway_started_while_the_scrape_ran_are_its_own() -> None:
+    w = worker("short", 2048, inflight=1)
+    w.requests_total = 1  # started after the scrape was sent, shown by it
+    assert scraped(w, running=1, before=(0, 0)).vllm_external == 0
+
+
+def test_a_conversation_leaves_a_worker_full_of_outside_work() -> None:
+    router, a, b = Router(), scraped(worker("a"), running=4), worker("b")
+    router.served(req(key=7), "a")
+    assert first(router, req(key=7), [a, b]) == "b"
+
+
+def test_on_equal_load_a_worker_without_outside_work_wins_over_the_smaller_window() -> None:
+    """`long` runs one of the gateway's requests; `short` one that came around the gateway
+    (a scrape shows it): both are a band busy, and the gateway knows what its own one costs."""
+    long_w = worker("long", 8192, inflight=1)
+    short_w = scraped(worker("short", 2048), running=1)
+    assert first(Router(), req(300), [long_w, short_w]) == "long"
+
+
+def test_outside_work_missed_by_one_scrape_still_counts_until_the_next() -> None:
+    """vLLM counts a request only once it is tokenized: a scrape between two of a hog's
+    requests shows fewer than are there."""
+    w = scraped(worker("short", 2048), running=3)
+    assert scraped(w, running=1).vllm_external == 3
+    assert scraped(w, running=2).vllm_external == 2
+
+
+def test_a_queue_of_outside_work_is_forgotten_one_scrape_after_it_emptied() -> None:
+    """Another router's flood left 40 requests queued on the worker; once a scrape shows them
+    gone, the next one clears them (a slow decay kept the worker looking busy for 40 s)."""
+    w = worker("long", 8192)
+    reg = Registry()
+    reg.add(w)
+    reg.scraped("long", 36.0, 4.0, 0.5, (0, 0))
+    assert w.vllm_external == 40
+    reg.scraped("long", 0.0, 0.0, 0.0, (0, 0))
+    assert w.vllm_external == 40
+    reg.scraped("long", 0.0, 0.0, 0.0, (0, 0))
+    assert w.vllm_external == 0
