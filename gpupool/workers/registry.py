@@ -79,11 +79,6 @@ class Worker:
         return self.state is WorkerState.ready and self.url is not None
 
     @property
-    def load(self) -> float:
-        """Gateway in-flight against capacity (0..1+)."""
-        return self.inflight / self.capacity if self.capacity else 1.0
-
-    @property
     def busy(self) -> float:
         """Load against capacity counting, besides the gateway's own requests, the work vLLM
         showed beyond them at the last scrape: another replica's, a client going around the

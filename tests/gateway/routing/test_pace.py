@@ -25,6 +25,14 @@ def router_with(clock: Clock) -> Router:
     return r
 
 
+def short_slowed(clock: Clock) -> Router:
+    """A router that saw `short` serve a request three times slower than `long`."""
+    r = router_with(clock)
+    r.served(short_req(), "short", 0.5)
+    r.served(short_req(), "long", 0.16)
+    return r
+
+
 def test_a_worker_serving_three_times_slower_loses_the_smaller_windows_tie() -> None:
     """Work the gateway never sees (a client going around it) slows `short`: its requests take
     three times as long. On equal load the request goes to `long`, not to the smaller window."""
@@ -37,10 +45,7 @@ def test_a_worker_serving_three_times_slower_loses_the_smaller_windows_tie() -> 
 
 
 def test_a_slow_worker_still_takes_a_request_when_the_other_is_a_band_busier_still() -> None:
-    clock = Clock()
-    router = router_with(clock)
-    router.served(short_req(), "short", 0.5)
-    router.served(short_req(), "long", 0.16)
+    router = short_slowed(Clock())
     long_w, short_w = worker("long", 8192, inflight=2), worker("short", 2048)
     assert first(router, short_req(), [long_w, short_w]) == "short"  # band 2 against 0 + 1
 
@@ -59,9 +64,7 @@ def test_long_prompts_do_not_make_their_worker_look_slow() -> None:
 def test_a_slow_figure_stops_counting_once_it_is_stale() -> None:
     """A worker that got nothing because it was slow is tried again after `stale_s`."""
     clock = Clock()
-    router = router_with(clock)
-    router.served(short_req(), "short", 0.5)
-    router.served(short_req(), "long", 0.16)
+    router = short_slowed(clock)
     workers = [worker("long", 8192), worker("short", 2048)]
     assert first(router, short_req(), workers) == "long"
     clock.now += 5
