@@ -36,6 +36,9 @@ class Workers:
     def available(self, worker: str) -> bool:
         return worker in self.caps
 
+    def slots(self, worker: str) -> int:
+        return self.caps.get(worker, 0)
+
 
 def _ticket(n: int) -> Ticket:
     return Ticket(f"b{n}", "m", f"t{n % 4}", 0, ["w1"], max_wait_s=60.0)

@@ -51,6 +51,10 @@ class RegistryView:
         w = self.registry.get(worker)
         return w is not None and w.routable
 
+    def slots(self, worker: str) -> int:
+        w = self.registry.get(worker)
+        return w.capacity if w is not None and w.routable else 0
+
 
 def make_worker(wc: WorkerConfig, model: ModelConfig, default_capacity: int) -> Worker:
     capacity = wc.max_inflight or capacity_of(wc) or default_capacity

@@ -104,14 +104,32 @@ class Registry:
 
     def __init__(self) -> None:
         self._workers: dict[str, Worker] = {}
+        self._by_model: dict[str, list[Worker]] = {}  # the same workers, per model, in order
         self._listeners: list[Listener] = []
         self._idle: dict[str, asyncio.Event] = {}
 
     def add(self, worker: Worker) -> None:
+        old = self._workers.get(worker.name)
         self._workers[worker.name] = worker
+        if old is not None and old.model == worker.model:
+            peers = self._by_model[old.model]
+            peers[peers.index(old)] = worker
+            return
+        if old is not None:
+            self._unlist(old)
+        self._by_model.setdefault(worker.model, []).append(worker)
 
     def remove(self, name: str) -> Worker | None:
-        return self._workers.pop(name, None)
+        worker = self._workers.pop(name, None)
+        if worker is not None:
+            self._unlist(worker)
+        return worker
+
+    def _unlist(self, worker: Worker) -> None:
+        peers = self._by_model[worker.model]
+        peers.remove(worker)
+        if not peers:
+            del self._by_model[worker.model]
 
     def get(self, name: str) -> Worker | None:
         return self._workers.get(name)
@@ -123,10 +141,10 @@ class Registry:
         return len(self._workers)
 
     def of_model(self, model: str) -> list[Worker]:
-        return [w for w in self._workers.values() if w.model == model]
+        return list(self._by_model.get(model, ()))
 
     def ready_of_model(self, model: str) -> list[Worker]:
-        return [w for w in self._workers.values() if w.model == model and w.routable]
+        return [w for w in self._by_model.get(model, ()) if w.routable]
 
     def on_change(self, listener: Listener) -> None:
         self._listeners.append(listener)

@@ -33,6 +33,9 @@ class FakeWorkers:
     def available(self, worker: str) -> bool:
         return worker in self.caps and worker not in self.down
 
+    def slots(self, worker: str) -> int:
+        return self.capacity(worker) if self.available(worker) else 0
+
 
 _ids = itertools.count(1)
 

@@ -24,6 +24,9 @@ class _OneWorker:
     def available(self, worker: str) -> bool:
         return worker == "w1"
 
+    def slots(self, worker: str) -> int:
+        return 1 if worker == "w1" else 0
+
 
 async def main(url: str, prefix: str, mode: str) -> None:
     cfg = QueueConfig(

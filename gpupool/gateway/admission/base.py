@@ -45,6 +45,10 @@ class WorkerView(Protocol):
         """Ready and routable right now."""
         ...
 
+    def slots(self, worker: str) -> int:
+        """Its capacity while available, else 0 (one look-up on the hot path)."""
+        ...
+
 
 # Called while a ticket waits, about every ``keepalive_interval_s``, with its 1-based position.
 WaitCallback = Callable[[int], Awaitable[None]]

@@ -132,17 +132,20 @@ class Presence:
         self._seen: OrderedDict[str, float] = OrderedDict()  # oldest first
 
     def saw(self, tenant: str) -> None:
-        self._seen[tenant] = self._clock()
-        self._seen.move_to_end(tenant)
-        self._forget()
+        now = self._clock()
+        seen = self._seen
+        seen[tenant] = now
+        seen.move_to_end(tenant)
+        if len(seen) > 1:  # alone, the tenant just seen is the one to keep
+            self._forget(now)
 
     def others(self, tenant: str) -> bool:
         """Whether a tenant other than ``tenant`` asked within the window."""
-        self._forget()
+        self._forget(self._clock())
         return len(self._seen) > (tenant in self._seen)
 
-    def _forget(self) -> None:
-        horizon = self._clock() - self._window
+    def _forget(self, now: float) -> None:
+        horizon = now - self._window
         while self._seen:
             oldest, at = next(iter(self._seen.items()))
             if at >= horizon:
@@ -165,6 +168,6 @@ class DrainRate:
         return self._rate * math.exp(-(self._clock() - self._at) / self._tau)
 
     def tick(self) -> None:
-        rate = self.per_second() + 1.0 / self._tau
-        self._at = self._clock()
-        self._rate = rate
+        now = self._clock()
+        self._rate = self._rate * math.exp((self._at - now) / self._tau) + 1.0 / self._tau
+        self._at = now

@@ -138,13 +138,13 @@ class MemoryAdmission:
             waiter.fut.set_exception(ServiceUnavailable("The gateway is shutting down."))
 
     async def acquire(self, ticket: Ticket, on_wait: WaitCallback | None = None) -> Lease:
-        candidates = unique(ticket.candidates)
         queue = self._queue(ticket.model)
         queue.presence.saw(ticket.tenant)
-        worker = self._free_worker(candidates, ticket)
+        worker = self._free_worker(ticket)
         if worker is not None:
             queue.rate.tick()
             return self._lease(worker, ticket.id, self._take(worker, ticket.tenant), 0.0)
+        candidates = unique(ticket.candidates)
         waiter = self._enqueue(ticket, candidates)
         for name in candidates:
             self._dispatch(name)
@@ -184,27 +184,29 @@ class MemoryAdmission:
     # -- slots ----------------------------------------------------------------------------
 
     def _has_room(self, worker: str) -> bool:
-        if not self._workers.available(worker):
-            return False
-        return self._held.get(worker, 0) < self._workers.capacity(worker)
+        return self._held.get(worker, 0) < self._workers.slots(worker)
 
-    def _free_worker(self, candidates: tuple[str, ...], ticket: Ticket) -> str | None:
+    def _free_worker(self, ticket: Ticket) -> str | None:
         """A candidate with room that ``ticket`` may take and no waiter ahead of it may."""
-        for name in candidates:
+        held, eligible = self._held, self._eligible
+        for name in ticket.candidates:
+            slots = self._workers.slots(name)
+            n = held.get(name, 0)
             if (
-                self._has_room(name)
-                and self._may_take(name, ticket)
-                and self._first_allowed(name) is None
+                n < slots
+                and self._may_take(name, ticket, slots, n)
+                and (name not in eligible or self._first_allowed(name) is None)
             ):
                 return name
         return None
 
-    def _may_take(self, worker: str, ticket: Ticket) -> bool:
-        """False only for a tenant at its limit on ``worker`` while another tenant is active."""
+    def _may_take(self, worker: str, ticket: Ticket, capacity: int, held: int) -> bool:
+        """False only for a tenant at its limit on ``worker`` (of ``capacity`` slots, ``held``
+        taken) while another tenant is active."""
         if self._reserved <= 0:
             return True
-        limit = tenant_limit(self._workers.capacity(worker), self._reserved)
-        if self._held.get(worker, 0) < limit:
+        limit = tenant_limit(capacity, self._reserved)
+        if held < limit:
             return True
         if self._held_by.get(worker, {}).get(ticket.tenant, 0) < limit:
             return True
@@ -214,8 +216,9 @@ class MemoryAdmission:
 
     def _first_allowed(self, worker: str) -> _Waiter | None:
         """The first waiter eligible for ``worker`` that may take its next slot."""
+        capacity, held = self._workers.capacity(worker), self._held.get(worker, 0)
         for waiter in self._eligible.get(worker, ())[:RESERVE_SCAN]:
-            if self._may_take(worker, waiter.ticket):
+            if self._may_take(worker, waiter.ticket, capacity, held):
                 return waiter
         return None
 
@@ -244,6 +247,8 @@ class MemoryAdmission:
         return Lease(worker=worker, ticket_id=ticket_id, queued_s=queued_s, extra=extra)
 
     def _dispatch(self, worker: str) -> None:
+        if worker not in self._eligible:
+            return  # nobody waits for it (the common case: a release with an empty queue)
         while self._has_room(worker):
             waiter = self._first_allowed(worker)
             if waiter is None:

@@ -104,6 +104,9 @@ class ShareView:
     def available(self, worker: str) -> bool:
         return self._workers.available(worker)
 
+    def slots(self, worker: str) -> int:
+        return self.capacity(worker) if self._workers.available(worker) else 0
+
 
 @dataclass(eq=False, slots=True)
 class _Waiter:
@@ -355,7 +358,7 @@ class RedisAdmission:
         return await self._store.position(self._keys.queue(waiter.ticket.model), waiter.key)
 
     def _cap(self, worker: str) -> int:
-        return self._workers.capacity(worker) if self._workers.available(worker) else 0
+        return self._workers.slots(worker)
 
     def _caps(self, workers: Iterable[str]) -> Caps:
         return [(name, self._cap(name)) for name in workers]

@@ -82,8 +82,8 @@ class Pipeline:
         req = kind.read(raw, self.read_limits)
         model = self.catalog.resolve(req.model, incoming.allowed_models())
         ctx = build_context(incoming, req)
-        media = await self._check_media(req, model)
-        route = await self._route(kind, req, model, media)
+        media = await self._check_media(req, model) if _may_hold_media(req.raw) else _NO_MEDIA
+        route = self._route_by_bound(req, model, media) or await self._route(kind, req, model, media)
         plan = self._plan(kind, req, model, route, ctx, incoming)
         hold = await self.key_limits.admit(incoming.principal, self._reserve(plan, req))
         if plan.stream and ctx.queue_events:
@@ -176,10 +176,7 @@ class Pipeline:
     # ---- media -----------------------------------------------------------------------------
 
     async def _check_media(self, req: Parsed, model: ModelConfig) -> multimodal.MediaCounts:
-        """Media counts (zero without any media marker in the bytes), after every media check."""
-        raw = req.raw  # any media part holds one of these (`\u`: their JSON-escaped spellings)
-        if not (b"image" in raw or b"video" in raw or b"audio" in raw or b"\\u" in raw):
-            return multimodal.MediaCounts(0, 0, 0)
+        """Media counts, after every media check (a body ``_may_hold_media``)."""
         counts = multimodal.count_media(req.body)
         multimodal.check_limits(counts, model.limits or self._worker_limits(model))
         multimodal.check_media_policy(req.body, model)
@@ -200,20 +197,36 @@ class Pipeline:
 
     # ---- routing by window -----------------------------------------------------------------
 
+    def _route_by_bound(
+        self, req: Parsed, model: ModelConfig, media: multimodal.MediaCounts
+    ) -> RouteRequest | None:
+        """The route when the prompt's byte bound fits every ready window (or none is known):
+        nothing to estimate or count. None otherwise (``_route``)."""
+        bound = upper_bound(req.raw)
+        smallest = 0
+        for w in self.registry.ready_of_model(model.name):
+            window = w.window
+            if window is not None and (not smallest or window < smallest):
+                smallest = window
+        if smallest and bound >= smallest:
+            return None
+        return RouteRequest(model.name, bound, False, req.max_tokens, media.image, media.video,
+                            media.audio, req.prefix_key)  # fmt: skip
+
     async def _route(
         self, kind: Kind, req: Parsed, model: ModelConfig, media: multimodal.MediaCounts
     ) -> RouteRequest:
+        """The route of a prompt whose bound some window cannot hold: by an estimate, an exact
+        count, or the largest window."""
         img, vid, aud = media.image, media.video, media.audio
+        bound = upper_bound(req.raw)
+        ready = self.registry.ready_of_model(model.name)
 
         def route(tokens: int, exact: bool) -> RouteRequest:
             return RouteRequest(model.name, tokens, exact, req.max_tokens, img, vid, aud,
                                 req.prefix_key)  # fmt: skip
 
-        bound = upper_bound(req.raw)
-        ready = self.registry.ready_of_model(model.name)
         windows = [w.window for w in ready if w.window is not None]
-        if not windows or bound < min(windows):
-            return route(bound, False)
         # Clear of the window it would go to: route by an estimate and skip the count (a
         # round trip to a worker); a worker's context-length 400 moves it to a larger window.
         tokens = self.candidates.router.tokens  # routing/estimate.py: learned bytes a token
@@ -232,6 +245,14 @@ class Pipeline:
         # Not counted: a bound is no reason to refuse; the largest window tries, vLLM judges
         # (and a context-length 400 moves it no further: there is no larger window).
         return route(min(bound, max(windows) - 1), False)
+
+
+_NO_MEDIA = multimodal.MediaCounts(0, 0, 0)
+
+
+def _may_hold_media(raw: bytes) -> bool:
+    """Any media part holds one of these words (``\\u``: their JSON-escaped spellings)."""
+    return b"image" in raw or b"video" in raw or b"audio" in raw or b"\\u" in raw
 
 
 def _has_tpm(incoming: Incoming) -> bool:

@@ -76,8 +76,10 @@ class Relay:
         Returns the body when it had to be read (an error passed on)."""
         data = await self.dispatcher.send(ex)
         opts = ex.plan.transform
+        if opts is None:
+            return data
         w = self.registry.get(ex.worker)
-        if opts is not None and w is not None and w.reasoning_parser is not None:
+        if w is not None and w.reasoning_parser is not None:
             opts = opts.for_worker(w.reasoning_parser)
             ex.plan.transform = opts if opts.needs_transform else None
         return data

@@ -98,9 +98,12 @@ class Router:
         self._use_affinity = prefix_affinity
 
     def decide(self, req: RouteRequest, ready: list[Worker]) -> Decision:
-        media_ok = [w for w in ready if w.media.admits(req.image, req.video, req.audio)]
-        if ready and not media_ok:
-            return Decision([], media_refused=True)
+        if req.image or req.video or req.audio:
+            media_ok = [w for w in ready if w.media.admits(req.image, req.video, req.audio)]
+            if ready and not media_ok:
+                return Decision([], media_refused=True)
+        else:
+            media_ok = ready
         fitting = [w for w in media_ok if fits(w, req)]
         if not fitting:
             windows = [w.window for w in media_ok if w.window is not None]
@@ -108,6 +111,8 @@ class Router:
         if req.max_tokens is not None:
             roomy = [w for w in fitting if w.window is None or req.max_tokens <= w.window]
             fitting = roomy or sorted(fitting, key=lambda w: -(w.window or 0))[:1]
+        if len(fitting) == 1:
+            return Decision(fitting)  # nothing to rank, and affinity can only name it
         _rank(fitting, self.pace.slow(fitting))
         return Decision(self._apply_affinity(req, fitting))
 
