@@ -83,7 +83,9 @@ class Pipeline:
         model = self.catalog.resolve(req.model, incoming.allowed_models())
         ctx = build_context(incoming, req)
         media = await self._check_media(req, model) if _may_hold_media(req.raw) else _NO_MEDIA
-        route = self._route_by_bound(req, model, media) or await self._route(kind, req, model, media)
+        route = self._route_by_bound(req, model, media)
+        if route is None:
+            route = await self._route(kind, req, model, media)
         plan = self._plan(kind, req, model, route, ctx, incoming)
         hold = await self.key_limits.admit(incoming.principal, self._reserve(plan, req))
         if plan.stream and ctx.queue_events:
