@@ -193,16 +193,23 @@ def parse_generate(
     """/v1/chat/completions (``chat``) or /v1/completions."""
     lim = limits or ReadLimits(max_depth=max_depth, max_n=max_n)
     body = load_json(raw, lim.max_depth, lim.max_containers)
-    stream = _stream(body)
-    max_tokens = _opt_int(body, "max_completion_tokens" if chat else "max_tokens", 1)
-    if chat and max_tokens is None:
+    get = body.get  # an absent field is read once, without a checker's call
+    stream = _stream(body) if "stream" in body or "stream_options" in body else False
+    field = "max_completion_tokens" if chat else "max_tokens"
+    max_tokens = None if get(field) is None else _opt_int(body, field, 1)
+    if chat and max_tokens is None and get("max_tokens") is not None:
         max_tokens = _opt_int(body, "max_tokens", 1)
-    n = _opt_int(body, "n", 1, lim.max_n) or 1
-    prompts = 1 if chat else _prompt_count(body.get("prompt"))
+    n = 1 if get("n") is None else (_opt_int(body, "n", 1, lim.max_n) or 1)
+    prompts = 1 if chat else _prompt_count(get("prompt"))
     key = _chat_prefix(body) if chat else _completion_prefix(body)
+    model = get("model")
+    if model is not None and type(model) is not str:
+        model = _model(body)  # raises
+    priority = None if get("priority") is None else _priority(body)
+    sequences = n * prompts if n == 1 and prompts == 1 else _sequences(n, prompts, lim)
+    usage = stream and _usage_asked(body)
     return Parsed(
-        body, raw, _model(body), stream, max_tokens, _priority(body), key,
-        _sequences(n, prompts, lim), _usage_asked(body),
+        body, raw, model or None, stream, max_tokens, priority, key, sequences, usage
     )  # fmt: skip
 
 
