@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, cast
 
 from starlette.applications import Starlette
@@ -175,8 +175,11 @@ class Front:
                 await out.write(reply, extra)
             finally:
                 out.unwatch()
-                if reply.after is not None:
-                    await _after(reply.after)
+                if reply.after is not None:  # the reply's book-keeping: never skipped
+                    try:
+                        await reply.after()
+                    except Exception:
+                        log.exception("request book-keeping failed")
         except asyncio.CancelledError:
             if not gone:
                 raise
@@ -222,14 +225,6 @@ class _AsgiOut:
         if self._stop is not None:
             self._stop()
             self._stop = None
-
-
-async def _after(after: Callable[[], Awaitable[None]]) -> None:
-    """A reply's book-keeping, once written (or not: the client left); never skipped."""
-    try:
-        await after()
-    except Exception:
-        log.exception("request book-keeping failed")
 
 
 async def _body(

@@ -11,9 +11,13 @@ are blocked writing, a stream generator that never started.
 
 from __future__ import annotations
 
+import contextlib
+import re
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+import orjson
 
 from gpupool.config.models import ModelConfig
 from gpupool.gateway.admission.base import Lease, Ticket
@@ -28,6 +32,13 @@ if TYPE_CHECKING:
     from gpupool.gateway.security.limits import Hold
     from gpupool.gateway.upstream.client import Response
     from gpupool.workers.registry import Registry
+
+# vLLM's usage object: numbers, nulls and one level of nested *_details objects
+_USAGE = re.compile(rb'"usage":(\{(?:[^{}]|\{[^{}]*\})*\})')
+# ... and the way vLLM writes it, read without parsing it (the usual case)
+_VLLM_USAGE = re.compile(
+    rb'"usage":\{"prompt_tokens":(\d+),"total_tokens":\d+,"completion_tokens":(\d+)'
+)
 
 
 @dataclass(slots=True)
@@ -61,7 +72,7 @@ class Plan:
 
 class Exchange:
     __slots__ = ("_closed", "_deps", "completion", "hold", "lease", "plan", "prompt", "resp",
-                 "status")  # fmt: skip
+                 "status", "usage_body")  # fmt: skip
 
     def __init__(self, deps: ExchangeDeps, plan: Plan, lease: Lease, hold: Hold) -> None:
         self._deps = deps
@@ -72,6 +83,7 @@ class Exchange:
         self.status: str = "cancelled"  # until the relay knows better
         self.prompt = 0
         self.completion = 0
+        self.usage_body: bytes | None = None  # a body passed on untouched: usage read at close
         self._closed = False
 
     @property
@@ -86,6 +98,20 @@ class Exchange:
         p = usage.get("prompt_tokens", usage.get("input_tokens"))
         c = usage.get("completion_tokens", usage.get("output_tokens"))
         self.note_counts(p if isinstance(p, int) else 0, c if isinstance(c, int) else 0)
+
+    def note_body(self, data: bytes) -> None:
+        """Read only the ``usage`` object of a body that passed through untouched."""
+        start = data.rfind(b'"usage":{')
+        if start < 0:
+            return
+        plain = _VLLM_USAGE.match(data, start)
+        if plain is not None:
+            self.note_counts(int(plain[1]), int(plain[2]))
+            return
+        found = _USAGE.match(data, start)
+        if found is not None:
+            with contextlib.suppress(orjson.JSONDecodeError):
+                self.note_usage(orjson.loads(found.group(1)))
 
     def note_counts(self, prompt: int, completion: int) -> None:
         if prompt > self.prompt:
@@ -104,13 +130,18 @@ class Exchange:
         if self._closed:
             return
         self._closed = True
-        if self.resp is not None:
-            self.resp.close()
-        self._record()
         try:
-            await self._deps.slots.give(self.lease)
+            if self.resp is not None:
+                self.resp.close()
+            if self.usage_body is not None:
+                self.note_body(self.usage_body)
+            self._record()
         finally:
-            await self.hold.close(self._used())
+            try:
+                await self._deps.slots.give(self.lease)
+            finally:
+                if self.hold.limits is not None:
+                    await self.hold.close(self._used())
 
     def _used(self) -> int | None:
         """Tokens to charge: none when the worker never answered or answered an error; the

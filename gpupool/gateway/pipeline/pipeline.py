@@ -39,7 +39,7 @@ from gpupool.gateway.pipeline.relay import Relay
 from gpupool.gateway.pipeline.slots import Slots
 from gpupool.gateway.reply import SSE, Reply
 from gpupool.gateway.routing.policy import Router, RouteRequest
-from gpupool.gateway.security.limits import KeyLimits
+from gpupool.gateway.security.limits import NO_HOLD, KeyLimits
 from gpupool.gateway.tokens import exact_count, upper_bound
 from gpupool.gateway.transform.chat import TransformOptions, normalize_request_messages
 from gpupool.gateway.upstream.client import DataPath
@@ -87,7 +87,11 @@ class Pipeline:
         if route is None:
             route = await self._route(kind, req, model, media)
         plan = self._plan(kind, req, model, route, ctx, incoming)
-        hold = await self.key_limits.admit(incoming.principal, self._reserve(plan, req))
+        principal = incoming.principal
+        if principal is None or principal.key is None:
+            hold = NO_HOLD  # no key: no key limits to take
+        else:
+            hold = await self.key_limits.admit(principal, self._reserve(plan, req))
         if plan.stream and ctx.queue_events:
             queued = QueuedStream(plan, hold, self.slots, self.deps, self.relay)
             return Reply(200, [("content-type", SSE)], stream=queued.events(), after=queued.aclose)

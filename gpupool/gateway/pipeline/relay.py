@@ -10,7 +10,6 @@ in-stream error event and ``data: [DONE]``. Nothing here releases anything: ever
 from __future__ import annotations
 
 import contextlib
-import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -42,12 +41,6 @@ from gpupool.gateway.upstream.client import DataPath, Response, UpstreamFailure
 from gpupool.workers.registry import Registry
 
 _DONE = b"data: [DONE]\n\n"
-# vLLM's usage object: numbers, nulls and one level of nested *_details objects
-_USAGE = re.compile(rb'"usage":(\{(?:[^{}]|\{[^{}]*\})*\})')
-# ... and the way vLLM writes it, read without parsing it (the usual case)
-_VLLM_USAGE = re.compile(
-    rb'"usage":\{"prompt_tokens":(\d+),"total_tokens":\d+,"completion_tokens":(\d+)'
-)
 
 
 class Relay:
@@ -97,22 +90,11 @@ class Relay:
             ex.status = "upstream_error"
             raise failure_error(e, "before answering") from None
         ex.status = str(resp.status)
-        untouched = None
         if resp.status == 200 and ex.plan.transform is not None:
             data = await self._finish_body(ex, data)
         elif resp.status == 200:
-            untouched = data  # its usage is read after the client has its answer
-        reply = Reply(resp.status, self._headers(resp, ex), data)
-
-        async def after() -> None:
-            try:
-                if untouched is not None:
-                    self._body_usage(ex, untouched)
-            finally:
-                await ex.aclose()
-
-        reply.after = after
-        return reply
+            ex.usage_body = data  # its usage is read after the client has its answer
+        return Reply(resp.status, self._headers(resp, ex), data, after=ex.aclose)
 
     async def _finish_body(self, ex: Exchange, data: bytes) -> bytes:
         """A 200 body the gateway must rewrite (reasoning split or renamed); usage read too."""
@@ -180,20 +162,6 @@ class Relay:
     async def _tokens(self, url: str, model: object, text: str) -> int | None:
         req = {"model": model, "prompt": text, "add_special_tokens": False}
         return await tokenize_count(self.client, url, req)
-
-    def _body_usage(self, ex: Exchange, data: bytes) -> None:
-        """Read only the ``usage`` object of a body that passes through untouched."""
-        start = data.rfind(b'"usage":{')
-        if start < 0:
-            return
-        plain = _VLLM_USAGE.match(data, start)
-        if plain is not None:
-            ex.note_counts(int(plain[1]), int(plain[2]))
-            return
-        found = _USAGE.match(data, start)
-        if found is not None:
-            with contextlib.suppress(orjson.JSONDecodeError):
-                ex.note_usage(orjson.loads(found.group(1)))
 
     # ---- streams ---------------------------------------------------------------------------
 

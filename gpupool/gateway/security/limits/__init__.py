@@ -6,6 +6,6 @@ two stores (one process; every replica through Redis).
 """
 
 from gpupool.gateway.security.limits.base import Policy, Usage
-from gpupool.gateway.security.limits.service import Hold, KeyLimits, close_after
+from gpupool.gateway.security.limits.service import NO_HOLD, Hold, KeyLimits, close_after
 
-__all__ = ["Hold", "KeyLimits", "Policy", "Usage", "close_after"]
+__all__ = ["NO_HOLD", "Hold", "KeyLimits", "Policy", "Usage", "close_after"]

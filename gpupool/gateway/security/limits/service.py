@@ -77,6 +77,9 @@ class Hold:
         await self.limits.settle(self, used_tokens)
 
 
+NO_HOLD = Hold()  # a request no key's limits count: closing it does nothing
+
+
 class KeyLimits:
     """Per-key ``rpm``, ``tpm`` and ``max_concurrent``, in memory or shared through Redis."""
 
@@ -128,10 +131,10 @@ class KeyLimits:
         """
         key = principal.key if principal is not None else None
         if principal is None or key is None:
-            return Hold()
+            return NO_HOLD
         policy = Policy.of(key)
         if not policy.active:
-            return Hold()
+            return NO_HOLD
         hold_id = f"{self._token}-{next(self._ids)}"
         charge = policy.charge(reserve_tokens)
         store, refusal = await self._take(principal.name, policy, hold_id, charge)
