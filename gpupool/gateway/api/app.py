@@ -69,7 +69,7 @@ def create_app(
         built = svc or build_services(cfg, config_path=config_path)
         if on_services is not None:
             on_services(built)
-        app.state.services = built
+        app.state.services = front.services = built
         await built.start()
         # Everything built so far lives as long as the server: move it out of the cyclic
         # collector's sight, so a full collection under load walks only per-request garbage
@@ -98,4 +98,5 @@ def create_app(
         },
         lifespan=lifespan,
     )
-    return Front(app, cfg)
+    front = Front(app, cfg)
+    return front

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Protocol
 
 from starlette.applications import Starlette
 from starlette.types import Message, Receive, Scope, Send
@@ -61,6 +61,7 @@ class Front:
         self.auth = Authenticator(cfg.auth)
         self.server = cfg.server
         self.log_prompts = cfg.server.log_prompts
+        self.services: Services | None = None  # set by the app's lifespan, before any request
 
     # ---- through ASGI (any server; under `gpupool serve`, what the lane does not take) ----
 
@@ -151,7 +152,9 @@ class Front:
         ``task``: a queued request leaves the queue, a worker connection is dropped.
         """
         extra = [(b"x-request-id", incoming.request_id.encode("latin-1"))]
-        svc = cast("Services", self.app.state.services)
+        svc = self.services
+        if svc is None:  # services set on the app by hand (tests without a lifespan)
+            svc = self.services = self.app.state.services
         gone: list[bool] = []
 
         def left() -> None:

@@ -65,22 +65,26 @@ class Relay:
 
     async def open(self, ex: Exchange) -> bytes | None:
         """Send ``ex`` (retries included; ``ex.resp`` is set) and fit its transform to the
-        worker it landed on: one that runs vLLM's reasoning parser is never split again.
-        Returns the body when it had to be read (an error passed on)."""
+        worker it landed on. Returns the body when it had to be read (an error passed on)."""
         data = await self.dispatcher.send(ex)
+        if ex.plan.transform is not None:
+            self.fit(ex)
+        return data
+
+    def fit(self, ex: Exchange) -> None:
+        """A worker that runs vLLM's reasoning parser is never split again."""
         opts = ex.plan.transform
-        if opts is None:
-            return data
         w = self.registry.get(ex.worker)
-        if w is not None and w.reasoning_parser is not None:
+        if opts is not None and w is not None and w.reasoning_parser is not None:
             opts = opts.for_worker(w.reasoning_parser)
             ex.plan.transform = opts if opts.needs_transform else None
-        return data
 
     # ---- whole bodies ----------------------------------------------------------------------
 
     async def whole(self, ex: Exchange) -> Reply:
-        data = await self.open(ex)
+        data = await self.dispatcher.send(ex)  # ``open``, written out
+        if ex.plan.transform is not None:
+            self.fit(ex)
         resp = ex.resp
         assert resp is not None
         try:

@@ -303,10 +303,11 @@ class _Conn(asyncio.Protocol):
             self._timer = self._loop.call_at(now + self._read_timeout_s, self._check_timeout)
         self.transport.write(data)
 
-    async def wait(self) -> None:
-        """Until the next batch of bytes, the end of the response, or a failure."""
+    def wait(self) -> asyncio.Future[None]:
+        """Done at the next batch of bytes, the end of the response, or a failure (a future,
+        awaited by the caller: no coroutine per wait)."""
         waiter = self._waiter = self._loop.create_future()
-        await waiter
+        return waiter
 
     def take_body(self) -> bytes:
         """Everything buffered so far, in one piece; reading resumes if it was paused."""
@@ -515,11 +516,19 @@ class Http1Pool:
         # time.monotonic(), not the loop's time: asyncio.get_running_loop() costs a getpid()
         # system call, and a reused connection needs no loop here.
         conn = origin.take(time.monotonic())
-        if conn is not None:
+        if conn is not None:  # ``_exchange``, written out for the usual case
             try:
-                return await self._exchange(origin, conn, data, head_only)
-            except _Stale:
-                pass  # the worker closed it while idle; the request may have crossed that close
+                conn.send(data, head_only)
+                while conn.state == _HEAD:
+                    await conn.wait()
+            except BaseException:
+                conn.fail(_died())
+                raise
+            if conn.state != _FAILED:
+                return Http1Response(conn, origin)
+            if not isinstance(conn.exc, _Stale):
+                raise conn.exc or _died()
+            # the worker closed it while idle; the request may have crossed that close
             try:
                 conn = await self._connect(origin)
             except UpstreamFailure:
