@@ -57,6 +57,9 @@ class FakeResponse:
     async def read(self) -> bytes:
         return self.body
 
+    def read_now(self) -> bytes | None:
+        return None  # as a body still arriving: the pipeline awaits ``read``
+
     async def iter_raw(self) -> AsyncIterator[bytes]:
         for c in self.chunks:
             await asyncio.sleep(0)

@@ -68,8 +68,18 @@ class Admission(Protocol):
         """
         ...
 
+    def take_now(self, ticket: Ticket) -> Lease | None:
+        """A lease at once, without I/O, when a candidate has a free slot and no waiter is
+        ahead of ``ticket``; None otherwise (then ``acquire``). Backends that cannot know
+        without I/O always return None."""
+        ...
+
     async def release(self, lease: Lease) -> None:
         """Give the slot back; the best eligible waiter for that worker gets it."""
+        ...
+
+    def release_now(self, lease: Lease) -> bool:
+        """``release`` without I/O where the backend can (True); False: call ``release``."""
         ...
 
     def poke(self, worker: str) -> None:

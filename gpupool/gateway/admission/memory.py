@@ -137,13 +137,19 @@ class MemoryAdmission:
             self._unqueue(waiter, granted=False)
             waiter.fut.set_exception(ServiceUnavailable("The gateway is shutting down."))
 
-    async def acquire(self, ticket: Ticket, on_wait: WaitCallback | None = None) -> Lease:
+    def take_now(self, ticket: Ticket) -> Lease | None:
         queue = self._queue(ticket.model)
         queue.presence.saw(ticket.tenant)
         worker = self._free_worker(ticket)
-        if worker is not None:
-            queue.rate.tick()
-            return self._lease(worker, ticket.id, self._take(worker, ticket.tenant), 0.0)
+        if worker is None:
+            return None
+        queue.rate.tick()
+        return self._lease(worker, ticket.id, self._take(worker, ticket.tenant), 0.0)
+
+    async def acquire(self, ticket: Ticket, on_wait: WaitCallback | None = None) -> Lease:
+        lease = self.take_now(ticket)
+        if lease is not None:
+            return lease
         candidates = unique(ticket.candidates)
         waiter = self._enqueue(ticket, candidates)
         for name in candidates:
@@ -151,9 +157,13 @@ class MemoryAdmission:
         return await self._wait(waiter, on_wait)
 
     async def release(self, lease: Lease) -> None:
+        self.release_now(lease)
+
+    def release_now(self, lease: Lease) -> bool:
         lid = lease.extra.get("lid")
         if isinstance(lid, str):
             self._free(lid)
+        return True
 
     def poke(self, worker: str) -> None:
         self._dispatch(worker)

@@ -196,6 +196,12 @@ class RedisAdmission:
 
     # -- the contract ---------------------------------------------------------------------
 
+    def take_now(self, ticket: Ticket) -> Lease | None:
+        return None  # a free slot is known only to Redis
+
+    def release_now(self, lease: Lease) -> bool:
+        return False
+
     async def acquire(self, ticket: Ticket, on_wait: WaitCallback | None = None) -> Lease:
         loop = asyncio.get_running_loop()
         began = loop.time()

@@ -152,9 +152,7 @@ class Front:
         ``task``: a queued request leaves the queue, a worker connection is dropped.
         """
         extra = [(b"x-request-id", incoming.request_id.encode("latin-1"))]
-        svc = self.services
-        if svc is None:  # services set on the app by hand (tests without a lifespan)
-            svc = self.services = self.app.state.services
+        svc = self.services or self._services()
         gone: list[bool] = []
 
         def left() -> None:
@@ -175,7 +173,10 @@ class Front:
                 await out.write(error_reply(GatewayError("Internal server error.")), extra)
                 return
             try:
-                await out.write(reply, extra)
+                if reply.stream is None and isinstance(out, Lane):
+                    out.write_now(reply, extra, close=False)  # no coroutine for a whole body
+                else:
+                    await out.write(reply, extra)
             finally:
                 out.unwatch()
                 if reply.after is not None:  # the reply's book-keeping: never skipped
@@ -189,6 +190,12 @@ class Front:
             task.uncancel()  # the client left; it is not our task that is being cancelled
         finally:
             out.unwatch()
+
+    def _services(self) -> Services:
+        """Services set on the app by hand (tests without a lifespan)."""
+        svc: Services = self.app.state.services
+        self.services = svc
+        return svc
 
 
 class Out(Protocol):

@@ -138,7 +138,9 @@ class Exchange:
             self._record()
         finally:
             try:
-                await self._deps.slots.give(self.lease)
+                slots = self._deps.slots
+                if not slots.give_now(self.lease):
+                    await slots.give(self.lease)
             finally:
                 if self.hold.limits is not None:
                     await self.hold.close(self._used())

@@ -96,7 +96,7 @@ class Pipeline:
             queued = QueuedStream(plan, hold, self.slots, self.deps, self.relay)
             return Reply(200, [("content-type", SSE)], stream=queued.events(), after=queued.aclose)
         try:
-            lease = await self.slots.take(plan.ticket)
+            lease = self.slots.take_now(plan.ticket) or await self.slots.take(plan.ticket)
         except BaseException:
             await hold.close(0)
             raise

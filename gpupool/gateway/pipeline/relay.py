@@ -89,6 +89,8 @@ class Relay:
         assert resp is not None
         try:
             if data is None:
+                data = resp.read_now()
+            if data is None:
                 data = await resp.read()
         except UpstreamFailure as e:
             ex.status = "upstream_error"

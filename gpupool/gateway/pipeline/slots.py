@@ -22,6 +22,15 @@ class Slots:
         self.registry = registry
         self.metrics = metrics
 
+    def take_now(self, ticket: Ticket) -> Lease | None:
+        """A slot at once where admission can grant one without I/O or waiting; None: ``take``."""
+        if not ticket.candidates:
+            return None
+        lease = self.admission.take_now(ticket)
+        if lease is not None:
+            self._started(ticket, lease)
+        return lease
+
     async def take(self, ticket: Ticket, on_wait: WaitCallback | None = None) -> Lease:
         if not ticket.candidates:
             raise UpstreamUnavailable(f"No worker for model `{ticket.model}` is available.")
@@ -31,9 +40,23 @@ class Slots:
             self.metrics.admission.labels(ticket.model, "rejected", type(e).__name__).inc()
             raise
         # No await between the grant and this point: the caller owns the lease from here.
+        self._started(ticket, lease)
+        return lease
+
+    def _started(self, ticket: Ticket, lease: Lease) -> None:
         self.registry.started(lease.worker)
         self.metrics.admitted(ticket.model).record(lease.queued_s)
-        return lease
+
+    def give_now(self, lease: Lease) -> bool:
+        """Give the slot back if that needs no I/O (True, also when given already); False:
+        ``give``."""
+        if lease.extra.get(_GIVEN):
+            return True
+        if not self.admission.release_now(lease):
+            return False
+        lease.extra[_GIVEN] = True
+        self.registry.finished(lease.worker)
+        return True
 
     async def give(self, lease: Lease) -> None:
         if lease.extra.get(_GIVEN):

@@ -406,6 +406,14 @@ class Http1Response:
         self._origin = origin
         self._body: bytes | None = None
 
+    def read_now(self) -> bytes | None:
+        """The whole body if it is in already (kept, as ``read``'s), else None."""
+        conn = self._conn
+        if self._body is None and conn is not None and conn.state == _DONE:
+            self._body = conn.take_body()
+            self._release()
+        return self._body
+
     async def read(self) -> bytes:
         """The whole body (kept, so a second call returns it again)."""
         if self._body is not None:
