@@ -22,7 +22,7 @@ from gpupool.config.models import GpupoolConfig
 from gpupool.gateway.admission.memory import MemoryAdmission
 from gpupool.gateway.api.app import create_app
 from gpupool.gateway.catalog import Catalog
-from gpupool.gateway.errors import QueueTimeout, UpstreamUnavailable
+from gpupool.gateway.errors import InvalidBody, QueueTimeout, UpstreamUnavailable
 from gpupool.gateway.incoming import Incoming
 from gpupool.gateway.metrics import Metrics
 from gpupool.gateway.pipeline.kinds import KINDS
@@ -78,12 +78,14 @@ class FakePath:
     def __init__(self, handler: Handler | None = None) -> None:
         self.handler = handler or (lambda url, body: FakeResponse())
         self.calls: list[tuple[str, bytes]] = []
+        self.heads: list[Mapping[str, str] | bytes] = []  # the headers of each call
         self.responses: list[FakeResponse] = []
 
     async def open(
-        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str]
+        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str] | bytes
     ) -> Response:
         self.calls.append((url, body or b""))
+        self.heads.append(headers)
         out = self.handler(url, body or b"")
         if asyncio.iscoroutine(out):
             out = await out
@@ -279,6 +281,24 @@ async def test_every_route_takes_and_returns_a_slot(path: str) -> None:
     assert r.path.calls[0][0] == "http://w0" + path
     await _finish(reply)
     assert await r.held() == 0
+
+
+async def test_the_worker_sees_the_clients_headers_but_hop_by_hop_and_ours() -> None:
+    r = rig(FakePath())
+    sent = [(b"x-trace", b"abc"), (b"connection", b"keep-alive"), (b"x-gpupool-priority", b"1"),
+            (b"content-type", b"text/plain"), (b"x-request-id", b"theirs")]  # fmt: skip
+    await _finish(await _handle(r, _completion(), headers=sent))
+    assert r.path.heads == [
+        b"x-trace: abc\r\ncontent-type: application/json\r\nx-request-id: rid\r\n"
+    ]
+    assert await r.held() == 0
+
+
+async def test_a_header_with_a_line_break_is_a_400_and_takes_nothing() -> None:
+    r = rig(FakePath())
+    with pytest.raises(InvalidBody, match="line break"):
+        await _handle(r, _completion(), headers=[(b"x-trace", b"a\r\nx-evil: 1")])
+    assert r.path.calls == [] and await r.held() == 0
 
 
 async def test_front_door_in_process_through_create_app() -> None:

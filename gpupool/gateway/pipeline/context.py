@@ -25,16 +25,20 @@ _FALSE = frozenset({"0", "false", "no", "off", ""})
 
 def build_context(incoming: Incoming, req: Parsed) -> Context:
     # One pass over the client's headers: ours to read, the rest a worker may see (hop-by-hop
-    # and gateway ones dropped).
+    # and gateway ones dropped), as the lines of the worker's request head (no decoding).
     ours: dict[bytes, str] = {}
-    headers: dict[str, str] = {}
+    lines: list[bytes] = []
     for k, v in incoming.headers:
         if k.startswith(b"x-gpupool-"):
             ours[k] = v.decode("latin-1")
         if k not in DROP_REQUEST_HEADERS:
-            headers[k.decode("latin-1")] = v.decode("latin-1")
-    headers["content-type"] = "application/json"
-    headers["x-request-id"] = incoming.request_id
+            lines.append(b"%b: %b\r\n" % (k, v))
+    lines.append(b"content-type: application/json\r\nx-request-id: %b\r\n"
+                 % incoming.request_id.encode("latin-1"))  # fmt: skip
+    headers = b"".join(lines)
+    n = len(lines) + 1  # lines in the block: one per header
+    if headers.count(b"\n") != n or headers.count(b"\r") != n:
+        raise InvalidBody("A request header contains a line break.")
     priority, max_wait, events = (
         (_priority_header(ours), _max_wait(ours), _flag(ours, QUEUE_EVENTS))
         if ours

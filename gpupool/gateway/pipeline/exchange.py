@@ -49,7 +49,7 @@ class Context:
     tenant: str = "anonymous"
     priority: int = 0
     max_wait_s: float | None = None
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: bytes = b""  # the header lines a worker sees (``name: value\r\n`` each)
     queue_events: bool = False  # a queued stream wants its `: queued` comments (opt-in)
 
 

@@ -49,8 +49,11 @@ class DataPath(Protocol):
     class (as httpx's transports)."""
 
     async def open(
-        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str]
-    ) -> Response: ...
+        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str] | bytes
+    ) -> Response:
+        """``headers`` as a mapping, or as the head's header lines already checked for line
+        breaks (``name: value\\r\\n`` each)."""
+        ...
 
 
 class UpstreamClient:
@@ -65,7 +68,8 @@ class UpstreamClient:
         self._session: aiohttp.ClientSession | None = None
         # The data path's one method is the pool's own (no wrapper coroutine per request).
         self.open: Callable[
-            [str, str, bytes | None, Mapping[str, str]], Coroutine[Any, Any, UpstreamResponse]
+            [str, str, bytes | None, Mapping[str, str] | bytes],
+            Coroutine[Any, Any, UpstreamResponse],
         ] = self._pool.open
 
     @property

@@ -511,7 +511,7 @@ class Http1Pool:
         self._tls: ssl.SSLContext | None = None
 
     async def open(
-        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str]
+        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str] | bytes
     ) -> Http1Response:
         """Send a request; return once the status and headers are in."""
         key, target = _split(url)
@@ -606,18 +606,27 @@ def _split(url: str) -> tuple[str, str]:
 
 
 def _request(
-    method: str, target: str, authority: str, headers: Mapping[str, str], body: bytes | None
+    method: str,
+    target: str,
+    authority: str,
+    headers: Mapping[str, str] | bytes,
+    body: bytes | None,
 ) -> bytes:
-    """The request head (and body) as one buffer, for one write."""
+    """The request head (and body) as one buffer, for one write. ``headers`` as bytes are
+    header lines already checked for line breaks (the pipeline's, ``context.py``)."""
     if not (target.isascii() and target.isprintable()) or " " in target:
         target = quote(target, safe="/?#[]@!$&'()*+,;=:%~")
-    fields = "".join([f"{k}: {v}\r\n" for k, v in headers.items()])
-    if fields.count("\n") != len(headers) or fields.count("\r") != len(headers):
-        raise ValueError("a request header contains a line break")
-    length = "" if body is None else f"content-length: {len(body)}\r\n"
-    head = f"{method} {target} HTTP/1.1\r\nHost: {authority}\r\n{fields}{length}\r\n"
-    try:
-        raw = head.encode("latin-1")
-    except UnicodeEncodeError:
-        raw = head.encode()
-    return raw + body if body else raw
+    if isinstance(headers, bytes):
+        fields = headers
+    else:
+        text = "".join([f"{k}: {v}\r\n" for k, v in headers.items()])
+        if text.count("\n") != len(headers) or text.count("\r") != len(headers):
+            raise ValueError("a request header contains a line break")
+        try:
+            fields = text.encode("latin-1")
+        except UnicodeEncodeError:
+            fields = text.encode()
+    start = f"{method} {target} HTTP/1.1\r\nHost: {authority}\r\n".encode()
+    if body is None:
+        return b"%b%b\r\n" % (start, fields)
+    return b"%b%bcontent-length: %d\r\n\r\n%b" % (start, fields, len(body), body)
