@@ -93,7 +93,7 @@ class Front:
         incoming = Incoming(rid.decode("latin-1"), headers, principal)
         task = asyncio.current_task()
         assert task is not None
-        await self._respond(kind, incoming, raw, _AsgiOut(send, receive), task)
+        await self._respond(kind, incoming, raw, _AsgiOut(send, receive), task, extra)
 
     # ---- the lane (``lane.py``): served straight from the HTTP protocol --------------------
 
@@ -122,13 +122,15 @@ class Front:
         """The lane's task: the request from its head and body to its reply's ``after``."""
         try:
             rid = request_id_of(lane.headers) or new_request_id()
-            current_request_id.set(rid.decode("latin-1"))  # the lane's own task: no reset
+            rid_text = rid.decode("latin-1")
+            current_request_id.set(rid_text)  # the lane's own task: no reset
+            extra = [(b"x-request-id", rid)]
             if lane.error is not None:
-                lane.write_now(error_reply(lane.error), [(b"x-request-id", rid)], close=False)
+                lane.write_now(error_reply(lane.error), extra, close=False)
                 return
             assert lane.kind is not None and lane.task is not None
-            incoming = Incoming(rid.decode("latin-1"), lane.headers, lane.principal)
-            await self._respond(lane.kind, incoming, lane.raw_body(), lane, lane.task)
+            incoming = Incoming(rid_text, lane.headers, lane.principal)
+            await self._respond(lane.kind, incoming, lane.raw_body(), lane, lane.task, extra)
         except BaseException as exc:
             lane.failed(exc)
             if not isinstance(exc, Exception):
@@ -145,13 +147,14 @@ class Front:
         raw: bytes,
         out: Out,
         task: asyncio.Task[None],
+        extra: list[tuple[bytes, bytes]],
     ) -> None:
-        """Run the pipeline and write its reply; the reply's ``after`` always runs.
+        """Run the pipeline and write its reply (with ``extra`` headers: the request id); the
+        reply's ``after`` always runs.
 
         While the handler runs and the reply is written, a client that disconnects cancels
         ``task``: a queued request leaves the queue, a worker connection is dropped.
         """
-        extra = [(b"x-request-id", incoming.request_id.encode("latin-1"))]
         svc = self.services or self._services()
         gone: list[bool] = []
 

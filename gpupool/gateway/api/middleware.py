@@ -24,12 +24,12 @@ def request_id_of(headers: list[tuple[bytes, bytes]]) -> bytes:
 
 # Ids: a random prefix per process and a counter (no `getrandom()` per request). Unique, and
 # 32 hex digits as before; an id is no secret.
-_ID_PREFIX = os.urandom(8).hex()
+_ID_PREFIX = os.urandom(8).hex().encode()
 _ids = itertools.count(1)
 
 
 def new_request_id() -> bytes:
-    return f"{_ID_PREFIX}{next(_ids) & 0xFFFFFFFFFFFFFFFF:016x}".encode()
+    return b"%b%016x" % (_ID_PREFIX, next(_ids) & 0xFFFFFFFFFFFFFFFF)
 
 
 class RequestIdMiddleware:
