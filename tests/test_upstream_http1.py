@@ -163,6 +163,34 @@ async def test_json_body_read_and_connection_reused(pool: Http1Pool) -> None:
     assert "user-agent" not in head.lower() and "accept-encoding" not in head.lower()
 
 
+async def test_header_lines_as_bytes_go_out_as_they_are(pool: Http1Pool) -> None:
+    async with Worker(echo) as w:
+        lines = b"content-type: application/json\r\nx-trace: t2\r\n"
+        await (await pool.open("POST", w.url + "/v1/chat", b"{}", lines)).read()
+    assert w.heads[0].endswith(
+        b"\r\ncontent-type: application/json\r\nx-trace: t2\r\ncontent-length: 2\r\n\r\n"
+    )
+
+
+async def test_read_now_is_the_body_once_it_is_in_and_none_before(pool: Http1Pool) -> None:
+    async def handler(w: Worker, reader: Reader, writer: Writer) -> None:
+        while await w.request(reader) is not None:
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhello")
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            writer.write(b"world")
+
+    async with Worker(handler) as w:
+        resp = await pool.open("GET", w.url, None, {})
+        assert resp.read_now() is None  # half of it is in
+        assert await resp.read() == b"helloworld"
+        assert resp.read_now() == b"helloworld"  # kept, as read's
+        again = await pool.open("GET", w.url, None, {})
+        await asyncio.sleep(0.2)
+        assert again.read_now() == b"helloworld" == await again.read()
+        assert w.connections == 1  # read_now gave the connection back to the pool
+
+
 async def test_get_without_body_sends_no_content_length(pool: Http1Pool) -> None:
     async with Worker(echo) as w:
         await (await pool.open("GET", w.url, None, {})).read()

@@ -282,3 +282,25 @@ async def test_double_release_is_harmless(make: Make) -> None:
     await adm.release(lease)
     assert await held(adm, "w1") == 1
     await adm.release(other)
+
+
+async def test_take_now_grants_only_what_acquire_would_grant_at_once(make: Make) -> None:
+    """The synchronous fast path: a lease when a slot is free and nobody waits ahead, else
+    None (the caller then awaits ``acquire``); a backend that must ask its store returns
+    None always. ``release_now`` frees at once where it can, and waiters get the slot."""
+    adm = await make(FakeWorkers(w1=1))
+    now = adm.take_now(ticket())
+    if now is None:  # a store-backed backend: everything goes through acquire
+        assert not adm.release_now(await adm.acquire(ticket()))
+        return
+    assert now.worker == "w1" and now.queued_s == 0.0
+    assert adm.take_now(ticket()) is None  # full
+    waiter = await enqueue(adm, ticket())
+    assert adm.release_now(now)
+    granted = await asyncio.wait_for(waiter, 2)  # the freed slot went to the waiter
+    assert adm.take_now(ticket()) is None
+    assert adm.release_now(granted) and adm.release_now(granted)  # twice is harmless
+    assert await held(adm, "w1") == 0
+    again = adm.take_now(ticket())
+    assert again is not None
+    adm.release_now(again)
