@@ -26,6 +26,7 @@ class RemotePoller:
         self.session = session
         self.cfg = cfg
         self._tasks: list[asyncio.Task[None]] = []
+        self._unfiltered: set[str] = set()  # worker URLs that refuse the filtered metrics path
 
     async def start(self) -> None:
         await self.check_all()
@@ -74,6 +75,6 @@ class RemotePoller:
     async def scrape(self, w: Worker) -> None:
         assert w.url is not None
         before = (w.inflight, w.requests_total)
-        load = await scrape_load(self.session, w.url)
+        load = await scrape_load(self.session, w.url, unfiltered=self._unfiltered)
         if load is not None:
             self.registry.scraped(w.name, load.waiting, load.running, load.kv_usage, before)

@@ -11,6 +11,7 @@ import httpx
 import orjson
 import pytest
 
+from gpupool.workers.probe import FILTERED_METRICS, parse_load
 from tests.procs import Proc
 from tests.vllm.conftest import BIG_WINDOW, MODEL
 
@@ -214,3 +215,18 @@ def test_same_models_card_and_metric_names(targets: tuple[str, str]) -> None:
     real_health, fake_health = (httpx.get(b + "/health") for b in targets)
     assert real_health.content == fake_health.content == b""
     assert _headers(real_health) == _headers(fake_health)
+
+
+def test_the_filtered_metrics_path_serves_the_gauges_routing_reads(
+    targets: tuple[str, str],
+) -> None:
+    """The poller asks for three gauges only (``probe.FILTERED_METRICS``): vLLM renders just
+    those; the simulator sends everything, which reads the same."""
+    real, fake = (httpx.get(b + FILTERED_METRICS) for b in targets)
+    for resp in (real, fake):
+        assert resp.status_code == 200
+        for name in ("vllm:num_requests_running{", "vllm:num_requests_waiting{",
+                     "vllm:kv_cache_usage_perc{"):  # fmt: skip
+            assert name in resp.text, (resp.url, name)
+        assert parse_load(resp.text).kv_usage >= 0
+    assert len(real.content) < 4096, len(real.content)  # not the ~50 KB of everything

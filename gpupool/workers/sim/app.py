@@ -64,6 +64,7 @@ class SimApp:
             "/load": {"GET": (s.load, None)},
             "/v1/models": {"GET": (s.models, None)},
             "/metrics": {"GET": (s.metrics, None)},
+            "/metrics/": {"GET": (s.metrics, None)},  # vLLM's mount path (probe.FILTERED_METRICS)
             "/tokenize": {"POST": (s.tokenize, None)},
             "/detokenize": {"POST": (s.detokenize, None)},
             "/sim/stats": {"GET": (s.sim_stats, None)},
