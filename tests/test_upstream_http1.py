@@ -172,15 +172,22 @@ async def test_header_lines_as_bytes_go_out_as_they_are(pool: Http1Pool) -> None
     )
 
 
-async def test_read_now_is_the_body_once_it_is_in_and_none_before(pool: Http1Pool) -> None:
+def hello_world(pause_s: float) -> Handler:
+    """A worker that answers every request with ``hello``, then ``world`` ``pause_s`` later
+    (one content-length body of 10 bytes)."""
+
     async def handler(w: Worker, reader: Reader, writer: Writer) -> None:
         while await w.request(reader) is not None:
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhello")
             await writer.drain()
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(pause_s)
             writer.write(b"world")
 
-    async with Worker(handler) as w:
+    return handler
+
+
+async def test_read_now_is_the_body_once_it_is_in_and_none_before(pool: Http1Pool) -> None:
+    async with Worker(hello_world(0.05)) as w:
         resp = await pool.open("GET", w.url, None, {})
         assert resp.read_now() is None  # half of it is in
         assert await resp.read() == b"helloworld"
@@ -210,14 +217,7 @@ async def test_chunked_sse_arrives_in_pieces_and_connection_is_reused(pool: Http
 
 
 async def test_content_length_body_streamed_untouched(pool: Http1Pool) -> None:
-    async def handler(w: Worker, reader: Reader, writer: Writer) -> None:
-        while await w.request(reader) is not None:
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhello")
-            await writer.drain()
-            await asyncio.sleep(0.02)
-            writer.write(b"world")
-
-    async with Worker(handler) as w:
+    async with Worker(hello_world(0.02)) as w:
         assert await body_of(await pool.open("GET", w.url, None, {})) == [b"hello", b"world"]
         assert await (await pool.open("GET", w.url, None, {})).read() == b"helloworld"
         assert w.connections == 1

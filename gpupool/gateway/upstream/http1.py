@@ -524,7 +524,15 @@ class Http1Pool:
         # time.monotonic(), not the loop's time: asyncio.get_running_loop() costs a getpid()
         # system call, and a reused connection needs no loop here.
         conn = origin.take(time.monotonic())
-        if conn is not None:  # ``_exchange``, written out for the usual case
+        reused = conn is not None
+        while True:
+            if conn is None:
+                try:
+                    conn = await self._connect(origin)
+                except UpstreamFailure:
+                    if reused:  # the first attempt may have reached a now dead worker
+                        raise _died() from None
+                    raise
             try:
                 conn.send(data, head_only)
                 while conn.state == _HEAD:
@@ -534,16 +542,11 @@ class Http1Pool:
                 raise
             if conn.state != _FAILED:
                 return Http1Response(conn, origin)
-            if not isinstance(conn.exc, _Stale):
+            if not (conn.reused and isinstance(conn.exc, _Stale)):
                 raise conn.exc or _died()
-            # the worker closed it while idle; the request may have crossed that close
-            try:
-                conn = await self._connect(origin)
-            except UpstreamFailure:
-                raise _died() from None  # the first attempt may have reached a now dead worker
-        else:
-            conn = await self._connect(origin)
-        return await self._exchange(origin, conn, data, head_only)
+            # the worker closed it while idle; the request may have crossed that close: once
+            # more, on a new connection (never reused, so never stale)
+            conn = None
 
     def abort(self, url: str) -> None:
         """Cut every connection to a worker's origin: its in-flight requests fail at once."""
@@ -563,20 +566,6 @@ class Http1Pool:
         if self._tls is None:
             self._tls = ssl.create_default_context()
         return self._tls
-
-    async def _exchange(
-        self, origin: _Origin, conn: _Conn, data: bytes, head_only: bool
-    ) -> Http1Response:
-        try:
-            conn.send(data, head_only)
-            while conn.state == _HEAD:
-                await conn.wait()
-        except BaseException:
-            conn.fail(_died())
-            raise
-        if conn.state == _FAILED:
-            raise conn.exc or _died()
-        return Http1Response(conn, origin)
 
     async def _connect(self, origin: _Origin) -> _Conn:
         loop = asyncio.get_running_loop()
