@@ -258,6 +258,24 @@ class RoutingConfig(_Strict):
         description="Affinity is ignored when its worker is this loaded (1: only when full; a "
         "conversation moved re-reads its whole history).",
     )
+    window_reserve_s: float = Field(
+        60.0,
+        ge=0,
+        description="While a prompt that only larger windows hold came within this many seconds, "
+        "a request that fits a smaller window goes to a smaller-window worker with a free slot "
+        "before a larger-window one, however less busy (0: by load only).",
+    )
+    prefill_gate_tokens: int = Field(
+        8192,
+        ge=0,
+        description="A streamed prompt of at least this many tokens waits for the long prefill "
+        "before it on its worker to send its first event (vLLM fills each step's budget with "
+        "both and the first one's first token comes later). Set it to the workers' "
+        "--max-num-batched-tokens; 0: off.",
+    )
+    prefill_gate_max_wait_s: float = Field(
+        30.0, gt=0, description="The longest a long prompt waits for the one before it."
+    )
     exact_count_margin: float = Field(
         0.9,
         gt=0,

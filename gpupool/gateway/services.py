@@ -193,7 +193,9 @@ def build_services(
     replica = new_replica_id()
     admission = admission or build_admission(cfg.queue, RegistryView(registry), replica)
     catalog = Catalog(cfg.models)
-    router = Router(cfg.routing.affinity_max_load, cfg.routing.prefix_affinity)
+    router = Router(
+        cfg.routing.affinity_max_load, cfg.routing.prefix_affinity, cfg.routing.window_reserve_s
+    )
     poller = RemotePoller(registry, client.session, cfg.routing)
     launched = [wc for wc in cfg.workers if wc.launch is not None]
     cache_keys = detect_cache_keys(launched, discover_gpus()) if launched else {}

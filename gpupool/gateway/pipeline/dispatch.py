@@ -15,6 +15,7 @@ from gpupool.gateway.errors import (
 from gpupool.gateway.metrics import Metrics
 from gpupool.gateway.pipeline.candidates import Candidates
 from gpupool.gateway.pipeline.exchange import Exchange
+from gpupool.gateway.pipeline.prefill import PrefillGate
 from gpupool.gateway.pipeline.slots import Slots
 from gpupool.gateway.routing.policy import RouteRequest
 from gpupool.gateway.upstream.client import DataPath, UpstreamFailure
@@ -45,6 +46,7 @@ class Dispatcher:
         self.client = client
         self.slots = slots
         self.metrics = metrics
+        self.gate = PrefillGate(routing.prefill_gate_tokens, routing.prefill_gate_max_wait_s)
 
     async def send(self, ex: Exchange) -> bytes | None:
         """Open the exchange's request on its worker, moving it to another worker on a
@@ -56,6 +58,8 @@ class Dispatcher:
         plan = ex.plan
         while True:
             worker = self.registry.get(ex.worker)
+            if plan.gated and ex.turn is None and worker is not None:
+                ex.turn = await self.gate.enter(worker.name)
             try:
                 if worker is None or worker.url is None:
                     raise UpstreamFailure("worker went away", sent=False)
@@ -64,6 +68,7 @@ class Dispatcher:
                 ex.resp = resp
                 if resp.status < 400:
                     return None
+                ex.prefilled()  # an error: nothing is prefilling
                 data = await resp.read()
             except UpstreamFailure as e:
                 if e.sent and not (e.died and worker is not None and worker.routable):
@@ -96,6 +101,7 @@ class Dispatcher:
     ) -> None:
         """Give the slot back and take one on another candidate (the exchange follows)."""
         plan = ex.plan
+        ex.prefilled()
         if ex.resp is not None:
             ex.resp.close()
             ex.resp = None

@@ -27,6 +27,7 @@ from gpupool.gateway.transform.chat import TransformOptions
 if TYPE_CHECKING:
     from gpupool.gateway.metrics import Metrics
     from gpupool.gateway.pipeline.kinds import Kind
+    from gpupool.gateway.pipeline.prefill import Turn
     from gpupool.gateway.pipeline.slots import Slots
     from gpupool.gateway.routing.policy import Router
     from gpupool.gateway.security.limits import Hold
@@ -66,13 +67,14 @@ class Plan:
     ticket: Ticket
     transform: TransformOptions | None = None
     strip_usage: bool = False  # the gateway asked the worker for a usage chunk the client did not
+    gated: bool = False  # a long streamed prompt: prefilled one at a time per worker (prefill.py)
     tried: set[str] = field(default_factory=set)
     started: float = field(default_factory=time.monotonic)
 
 
 class Exchange:
     __slots__ = ("_closed", "_deps", "completion", "hold", "lease", "plan", "prompt", "resp",
-                 "status", "usage_body")  # fmt: skip
+                 "status", "turn", "usage_body")  # fmt: skip
 
     def __init__(self, deps: ExchangeDeps, plan: Plan, lease: Lease, hold: Hold) -> None:
         self._deps = deps
@@ -84,11 +86,20 @@ class Exchange:
         self.prompt = 0
         self.completion = 0
         self.usage_body: bytes | None = None  # a body passed on untouched: usage read at close
+        self.turn: Turn | None = None  # its long prefill's hold on the worker (``prefill.py``)
         self._closed = False
 
     @property
     def worker(self) -> str:
         return self.lease.worker
+
+    def prefilled(self) -> None:
+        """Its prefill is over (a first event, an error, a retry, the end): the next long
+        prompt for its worker may go."""
+        turn = self.turn
+        if turn is not None:
+            self.turn = None
+            turn.end()
 
     def note_usage(self, usage: object) -> None:
         """Tokens from a usage object (OpenAI's or Anthropic/Responses' names); the largest
@@ -130,6 +141,7 @@ class Exchange:
         if self._closed:
             return
         self._closed = True
+        self.prefilled()
         try:
             if self.resp is not None:
                 self.resp.close()

@@ -126,7 +126,16 @@ class Pipeline:
         ticket = Ticket(ctx.request_id, model.name, ctx.tenant, ctx.priority, names, wait,
                         req.stream)  # fmt: skip
         transform = self._transform(kind, req, model)
-        return Plan(kind, model, route, body, req.stream, ctx, ticket, transform, strip_usage)
+        plan = Plan(kind, model, route, body, req.stream, ctx, ticket, transform, strip_usage)
+        gate = self.dispatcher.gate
+        if req.stream and gate.min_tokens and len(req.raw) >= gate.min_tokens:  # >= 1 byte a token
+            tokens = (
+                route.prompt_tokens
+                if route.exact
+                else self.candidates.router.tokens.tokens(model.name, len(req.raw))
+            )
+            plan.gated = gate.gates(req.stream, tokens)
+        return plan
 
     def _rewrite(
         self, kind: Kind, req: Parsed, model: ModelConfig, ctx: Context, usage: bool

@@ -200,7 +200,11 @@ class Relay:
         try:
             async for chunk in resp.iter_raw():
                 now = time.monotonic()
-                (itl.observe(now - last) if last else ttft.observe(now - plan.started))
+                if last:
+                    itl.observe(now - last)
+                else:
+                    ttft.observe(now - plan.started)
+                    ex.prefilled()
                 last = now
                 if b'"usage"' in chunk:
                     self._stream_usage(ex, chunk)
@@ -253,6 +257,7 @@ class Relay:
         buf = bytearray()
         try:
             async for chunk in resp.iter_raw():
+                ex.prefilled()
                 if b'"usage"' in chunk:
                     self._stream_usage(ex, chunk)
                 buf += chunk

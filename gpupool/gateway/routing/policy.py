@@ -4,7 +4,9 @@ Candidates are the ready workers of the model whose window holds the prompt, who
 least ``max_tokens`` (vLLM rejects larger), and whose media limits admit the request. They are
 ranked by load band (quarters of capacity: the gateway's own requests, plus the work vLLM showed
 beyond them at the last scrape, ``Worker.busy``), then vLLM's own waiting queue and KV-cache usage,
-then the smallest window that fits, so that short requests keep long-context capacity free. A
+then the smallest window that fits. While prompts that only the larger windows hold have come
+lately, a request that fits a smaller window stays on a smaller-window worker with a free slot
+(``reserve.py``), so that short requests keep long-context capacity free. A
 worker that has lately served the gateway's requests at least twice as slowly as the best one
 (``pace.py``) counts one band busier per doubling and, on a tie, ranks after the others; so does,
 on a tie, a worker running work that did not come through the gateway. A
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 
 from gpupool.gateway.routing.estimate import TokenEstimate
 from gpupool.gateway.routing.pace import Pace
+from gpupool.gateway.routing.reserve import WindowReserve
 from gpupool.workers.registry import Worker
 
 
@@ -69,6 +72,27 @@ def _rank(workers: list[Worker], slow: dict[str, int] | None) -> None:
         workers.sort(key=lambda w: _rank_key(w, slow.get(w.name, 0)))
 
 
+def _keep_long_free(ranked: list[Worker], reserved: int, slow: dict[str, int] | None) -> None:
+    """Move the best worker whose window is below ``reserved`` to the front when a worker of a
+    reserved window leads and that one has a free slot and is neither slow, queueing, nor
+    running work the gateway did not send."""
+    top = ranked[0].window
+    if top is None or top < reserved:
+        return
+    for i, w in enumerate(ranked):
+        window = w.window
+        if (
+            window is not None
+            and window < reserved
+            and w.busy < 1.0
+            and not w.vllm_waiting
+            and not w.vllm_external
+            and not (slow and slow.get(w.name))
+        ):
+            ranked.insert(0, ranked.pop(i))
+            return
+
+
 class AffinityTable:
     """Bounded LRU map from a conversation prefix to the worker that served it last."""
 
@@ -90,10 +114,16 @@ class AffinityTable:
 
 
 class Router:
-    def __init__(self, affinity_max_load: float = 1.0, prefix_affinity: bool = True) -> None:
+    def __init__(
+        self,
+        affinity_max_load: float = 1.0,
+        prefix_affinity: bool = True,
+        window_reserve_s: float = 60.0,
+    ) -> None:
         self.affinity = AffinityTable()
         self.tokens = TokenEstimate()  # a prompt's tokens from its bytes, learned per model
         self.pace = Pace()  # how fast each worker served the gateway's requests lately
+        self.reserve = WindowReserve(window_reserve_s)  # long windows kept for long prompts
         self._affinity_max_load = affinity_max_load
         self._use_affinity = prefix_affinity
 
@@ -108,13 +138,26 @@ class Router:
         if not fitting:
             windows = [w.window for w in media_ok if w.window is not None]
             return Decision([], too_long_for=max(windows) if windows else None)
+        if len(fitting) < len(media_ok):
+            self._note_long(req, media_ok, fitting)
         if req.max_tokens is not None:
             roomy = [w for w in fitting if w.window is None or req.max_tokens <= w.window]
             fitting = roomy or sorted(fitting, key=lambda w: -(w.window or 0))[:1]
         if len(fitting) == 1:
             return Decision(fitting)  # nothing to rank, and affinity can only name it
-        _rank(fitting, self.pace.slow(fitting))
+        slow = self.pace.slow(fitting)
+        _rank(fitting, slow)
+        reserved = self.reserve.window(req.model)
+        if reserved is not None:
+            _keep_long_free(fitting, reserved, slow)
         return Decision(self._apply_affinity(req, fitting))
+
+    def _note_long(self, req: RouteRequest, media_ok: list[Worker], fitting: list[Worker]) -> None:
+        """A known window too small for the prompt makes it a long one (``reserve.py``)."""
+        if any(w.window is not None and not fits(w, req) for w in media_ok):
+            need = min((w.window for w in fitting if w.window is not None), default=None)
+            if need is not None:
+                self.reserve.saw_long(req.model, need)
 
     def _apply_affinity(self, req: RouteRequest, ranked: list[Worker]) -> list[Worker]:
         if not self._use_affinity or req.prefix_key is None:
