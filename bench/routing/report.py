@@ -183,6 +183,7 @@ def targets(res: dict[str, Any]) -> list[str]:
                    f"p50 {ms(p50[gp])} ms, better than every peer's that served any: "
                    f"{_ok(beats)}")  # fmt: skip
         out += paired_long(rs, peers)
+        out += all_long(rs, peers)
     if gp in runs.get("flood", {}):
         rs = runs["flood"][gp]
         ratio = pct(pooled(rs, "flood"), 99) / pct(pooled(rs, "idle"), 99)
@@ -228,6 +229,29 @@ def paired_long(rs: dict[str, Runs], peers: list[str]) -> list[str]:
         return []
     return [f"  - on the same long requests (gpupool vs the peer, p50, requests both served): "
             f"{'; '.join(parts)}: {_ok(wins)}"]  # fmt: skip
+
+
+def all_long(rs: dict[str, Runs], peers: list[str]) -> list[str]:
+    """Every long request's TTFT, a failed one counting as never answered: what a client that
+    sent them all got (a p50 past the answered ones is 'failed')."""
+    if not rs.get("gpupool") or "long_each" not in rs["gpupool"][0]:
+        return []
+
+    def p50(name: str) -> float:
+        xs = [math.inf if x is None else x for r in rs[name] for x in r.get("long_each", [])]
+        return pct(xs, 50) if xs else math.nan
+
+    def show(x: float) -> str:
+        return "failed" if x == math.inf else ms(x)
+
+    mine = p50("gpupool")
+    theirs = {n: p50(n) for n in peers if rs[n] and "long_each" in rs[n][0]}
+    if not theirs:
+        return []
+    wins = all(mine < t for t in theirs.values())
+    return [f"  - over every long request sent, a failed one counting as never answered (p50): "
+            f"gpupool {show(mine)} ms; " + "; ".join(f"{n} {show(t)}" for n, t in theirs.items())
+            + f": {_ok(wins)}"]  # fmt: skip
 
 
 def ordered(res: dict[str, Any], runs: dict[str, Runs]) -> dict[str, Runs]:
@@ -276,6 +300,16 @@ def _footprint(res: dict[str, Any]) -> list[str]:
             f"last turn: more than one worker's cache, less than the pool's.", ""]  # fmt: skip
 
 
+def _calibration(res: dict[str, Any]) -> list[str]:
+    sz, prefill = res.get("sizes", {}), res.get("long_prefill_s")
+    if prefill is None or "mixed_long_load" not in sz:
+        return []
+    load = sz["mixed_long_load"]
+    return [f"Workload 2's pace: a {sz['long_tokens']:,}-token prefill took {ms(prefill)} ms on "
+            f"the idle long worker, so its requests came {sz['mixed_gap_s']} s apart (the long "
+            f"ones' prefills about {load:.0%} of that worker's time).", ""]  # fmt: skip
+
+
 def markdown(res: dict[str, Any]) -> str:
     m = res.get("model", {})
     lines = ["# Routing quality on real vLLM", "",
@@ -288,6 +322,7 @@ def markdown(res: dict[str, Any]) -> str:
              + ". Percentiles pool every round's requests; 'per round' gives the min-max of the "
                "rounds' own percentile (the noise of this shared machine).", "",
              *_footprint(res),
+             *_calibration(res),
              *([f"Routers renamed after the run: {res['renamed']}."] if "renamed" in res else []),
              "", "## Targets (issue 15)", "", *targets(res)]  # fmt: skip
     if any(n.startswith("gpupool@") for r in res["runs"].values() for n in r):

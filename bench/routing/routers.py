@@ -1,11 +1,13 @@
 """The routers under test, all in front of the same vLLM workers: gpupool and the peers' policies.
 
 gpupool gets the workers as ``url:`` workers with ``max_inflight`` equal to vLLM's
-``--max-num-seqs`` (what it would read itself from a launched worker's flags). The peers are the
-Rust routers from PyPI (``bench/.venvs/``, installed on first use as ``make bench`` does), one
-process per policy: vllm-router ``cache_aware``, ``consistent_hash`` and ``round_robin``, and
-sglang-router ``cache_aware``. Their circuit breakers are off: they count vLLM's context-length
-400s as worker failures, so one workload's errors would take both workers out of the next one.
+``--max-num-seqs`` and ``routing.prefill_gate_tokens`` equal to their
+``--max-num-batched-tokens`` (what the operator of ``url:`` workers sets from their flags).
+The peers are the Rust routers from PyPI (``bench/.venvs/``, installed on first use as
+``make bench`` does), one process per policy: vllm-router ``cache_aware``, ``consistent_hash``
+and ``round_robin``, and sglang-router ``cache_aware``. Their circuit breakers are off: they
+count vLLM's context-length 400s as worker failures, so one workload's errors would take both
+workers out of the next one.
 ``gpupool@REV`` runs another revision's routing (``git archive``) beside the current one, to
 measure what a policy change bought.
 """
@@ -58,6 +60,9 @@ def _gpupool(workers: list[Worker], tmp: Path, cpus: str, base: Path | None = No
         ],
         "queue": {"max_queued": 10_000, "max_wait_s": 600},
     }  # fmt: skip
+    models_py = (base or ROOT) / "gpupool" / "config" / "models.py"
+    if "prefill_gate_tokens" in models_py.read_text():  # as it would read it off vLLM's flags
+        cfg["routing"] = {"prefill_gate_tokens": min(w.spec.batched_tokens for w in workers)}
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     argv = [str(PY), "-m", "gpupool", "serve", "--config", str(path)]

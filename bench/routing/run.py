@@ -137,6 +137,33 @@ def tokens_per_word(w: pool.Worker) -> float:
     return float(count) / len(sample.split())
 
 
+async def calibrate(sz: Sizes, workers: list[pool.Worker]) -> float:
+    """The long worker's prefill of a long prompt, idle (median of three, after one to warm
+    up); sets workload 2's gap from it unless ``--size mixed_gap_s`` did."""
+    from workloads import text
+
+    w = max(workers, key=lambda w: w.spec.window)
+    rng = random.Random("calibrate")
+    took = []
+    async with aiohttp.ClientSession() as s:
+        for _ in range(4):
+            prompt = text(rng, sz.long_tokens, sz.tokens_per_word)
+            body = {"model": pool.SERVED, "max_tokens": 1, "stream": True,
+                    "messages": [{"role": "user", "content": prompt}]}  # fmt: skip
+            t0 = time.perf_counter()
+            async with s.post(w.url + "/v1/chat/completions", json=body) as r:
+                async for line in r.content:
+                    if line.startswith(b"data: {"):
+                        break
+            took.append(time.perf_counter() - t0)
+    prefill = sorted(took[1:])[1]
+    if not sz.mixed_gap_s:
+        sz.mixed_gap_s = round(prefill / (sz.mixed_long_load * sz.mixed_long_every), 3)
+    print(f"  a {sz.long_tokens}-token prefill on {w.name}: {prefill * 1000:.0f} ms; workload 2's "
+          f"gap {sz.mixed_gap_s} s", flush=True)  # fmt: skip
+    return prefill
+
+
 async def warm(targets: list[routers.Router], workers: list[pool.Worker]) -> None:
     body = {"model": pool.SERVED, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     async with aiohttp.ClientSession() as s:
@@ -194,6 +221,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             while True:
                 time.sleep(3600)
         sz.tokens_per_word = tokens_per_word(workers[0])
+        long_prefill = asyncio.run(calibrate(sz, workers))
         targets = routers.build(args.routers.split(","), workers, tmp, tmp, args.router_cpus)
         for t in targets:
             t.proc.start()
@@ -204,6 +232,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "args": {k: str(v) for k, v in vars(args).items()},
             "workers": [asdict(s) for s in specs],
             "kv_tokens": kv,
+            "long_prefill_s": long_prefill,
             "model": json.loads((args.model_dir / "config.json").read_text()),
             "versions": {t.name: t.version for t in targets},
             "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

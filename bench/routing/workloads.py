@@ -37,9 +37,13 @@ class Sizes:
     think_s: float = 2.0
     stagger_s: float = 0.2
     # 2: mixed context lengths
-    mixed_requests: int = 24
+    mixed_requests: int = 32
     mixed_long_every: int = 4
-    mixed_gap_s: float = 0.4
+    # 0: from the long worker's measured prefill (run.py's calibrate), so that the long
+    # prompts' prefills take mixed_long_load of its time on any machine
+    mixed_gap_s: float = 0.0
+    mixed_long_load: float = 0.5
+    mixed_short_max: int = 1500  # its short prompts: short_tokens to this many, evenly
     short_tokens: int = 300
     long_tokens: int = 2600
     # 3: batch flood and an interactive tenant
@@ -152,8 +156,12 @@ async def mixed(ctx: Ctx, url: str) -> dict[str, Any]:
     # Long ones at random places (a fixed pattern could beat or match a round-robin's parity).
     kinds = ["long" if rng.random() < 1 / sz.mixed_long_every else "short"
              for _ in range(sz.mixed_requests)]  # fmt: skip
-    prompts = [text(rng, sz.long_tokens if k == "long" else sz.short_tokens, sz.tokens_per_word)
-               for k in kinds]  # fmt: skip
+    # The short ones range up to what the short window holds with room (prompts of chat and
+    # retrieval): work enough that where they go decides whether a long one finds its worker
+    # free; 300-token prompts alone cost a CPU worker about 0.1 s, too little to tell.
+    sizes = [sz.long_tokens if k == "long" else rng.randint(sz.short_tokens, sz.mixed_short_max)
+             for k in kinds]  # fmt: skip
+    prompts = [text(rng, n, sz.tokens_per_word) for n in sizes]
     before = pool.snapshot(ctx.workers)
     t0 = time.perf_counter()
 
