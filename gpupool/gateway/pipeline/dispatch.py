@@ -68,7 +68,8 @@ class Dispatcher:
                 ex.resp = resp
                 if resp.status < 400:
                     return None
-                ex.prefilled()  # an error: nothing is prefilling
+                if ex.turn is not None:
+                    ex.prefilled()  # an error: nothing is prefilling
                 data = await resp.read()
             except UpstreamFailure as e:
                 if e.sent and not (e.died and worker is not None and worker.routable):

@@ -141,7 +141,8 @@ class Exchange:
         if self._closed:
             return
         self._closed = True
-        self.prefilled()
+        if self.turn is not None:
+            self.prefilled()
         try:
             if self.resp is not None:
                 self.resp.close()

@@ -204,7 +204,8 @@ class Relay:
                     itl.observe(now - last)
                 else:
                     ttft.observe(now - plan.started)
-                    ex.prefilled()
+                    if ex.turn is not None:
+                        ex.prefilled()
                 last = now
                 if b'"usage"' in chunk:
                     self._stream_usage(ex, chunk)
