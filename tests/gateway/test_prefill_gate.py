@@ -56,8 +56,8 @@ def body(prompt: str, stream: bool = True) -> bytes:
     return orjson.dumps({"model": "m", "prompt": prompt, "max_tokens": 3, "stream": stream})
 
 
-async def until(cond: object, timeout: float = 2.0) -> None:
-    for _ in range(int(timeout / 0.005)):
+async def until(cond: object) -> None:
+    for _ in range(400):  # 2 s
         if callable(cond) and cond():
             return
         await asyncio.sleep(0.005)

@@ -204,8 +204,7 @@ class Relay:
                     itl.observe(now - last)
                 else:
                     ttft.observe(now - plan.started)
-                    if ex.turn is not None:
-                        ex.prefilled()
+                    ex.prefilled()  # once a stream: its prefill is over
                 last = now
                 if b'"usage"' in chunk:
                     self._stream_usage(ex, chunk)
