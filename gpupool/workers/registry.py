@@ -60,6 +60,7 @@ class Worker:
     # what vLLM ran or queued beyond this gateway's own requests when last scraped (see scraped)
     vllm_external: float = 0.0
     vllm_external_last: float = 0.0  # the last scrape's own count
+    vllm_external_steady: float = 0.0  # the smaller of the last two: seen in both
     # health and lifecycle
     consecutive_failures: int = 0
     restarts: int = 0
@@ -222,7 +223,9 @@ class Registry:
         # life on a busy worker: one scrape can miss outside work, so the larger of the last
         # two counts stands (a queue that emptied is forgotten one period later).
         seen = max(0.0, running + waiting - ours)
-        w.vllm_external, w.vllm_external_last = max(seen, w.vllm_external_last), seen
+        last = w.vllm_external_last
+        w.vllm_external, w.vllm_external_steady = max(seen, last), min(seen, last)
+        w.vllm_external_last = seen
 
     async def wait_idle(self, worker: Worker, timeout_s: float) -> bool:
         """Wait until ``worker`` has nothing in flight (True) or ``timeout_s`` passes (False)."""

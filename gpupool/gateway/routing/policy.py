@@ -11,7 +11,8 @@ worker that has lately served the gateway's requests at least twice as slowly as
 (``pace.py``) counts one band busier per doubling and, on a tie, ranks after the others; so does,
 on a tie, a worker running work that did not come through the gateway. A
 prefix affinity hit moves its worker to the front while that worker has a free slot
-(``affinity_max_load``), so vLLM's prefix cache is reused: a conversation moved re-reads its whole
+(``affinity_max_load``; outside work counts once two scrapes show it), so vLLM's prefix cache
+is reused: a conversation moved re-reads its whole
 history, which costs more than a place in a busier worker's batch.
 """
 
@@ -93,6 +94,14 @@ def _keep_long_free(ranked: list[Worker], reserved: int, slow: dict[str, int] | 
             return
 
 
+def _affinity_load(w: Worker) -> float:
+    """The load a conversation's worker must be under to keep it: the gateway's own requests
+    and outside work seen in two scrapes running. A count in one scrape only may be a request
+    of the gateway's that vLLM still listed after it ended; moving the conversation for it
+    would re-read its whole history elsewhere (``Worker.busy``, for ranking, counts both)."""
+    return (w.inflight + w.vllm_external_steady) / w.capacity if w.capacity else 1.0
+
+
 class AffinityTable:
     """Bounded LRU map from a conversation prefix to the worker that served it last."""
 
@@ -166,7 +175,7 @@ class Router:
         if name is None:
             return ranked
         for i, w in enumerate(ranked):
-            if w.name == name and w.busy < self._affinity_max_load:
+            if w.name == name and _affinity_load(w) < self._affinity_max_load:
                 return [w, *ranked[:i], *ranked[i + 1 :]]
         return ranked
 

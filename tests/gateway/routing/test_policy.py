@@ -118,8 +118,18 @@ def test_requests_the_gateway_started_while_the_scrape_ran_are_its_own() -> None
 
 
 def test_a_conversation_leaves_a_worker_full_of_outside_work() -> None:
-    router, a, b = Router(), scraped(worker("a"), running=4), worker("b")
+    router, a, b = Router(), scraped(scraped(worker("a"), running=4), running=4), worker("b")
     router.served(req(key=7), "a")
+    assert first(router, req(key=7), [a, b]) == "b"
+
+
+def test_a_conversation_stays_for_outside_work_one_scrape_showed() -> None:
+    """vLLM may list a request of the gateway's a step after it ended: one scrape showing the
+    worker full must not make a conversation re-read its history elsewhere."""
+    router, a, b = Router(), scraped(worker("a", inflight=2), running=6), worker("b")
+    router.served(req(key=7), "a")
+    assert first(router, req(key=7), [a, b]) == "a"
+    scraped(a, running=6)  # and the next one too: the worker is full
     assert first(router, req(key=7), [a, b]) == "b"
 
 
