@@ -134,7 +134,7 @@ class Pipeline:
                 if route.exact
                 else self.candidates.router.tokens.tokens(model.name, len(req.raw))
             )
-            plan.gated = gate.gates(req.stream, tokens)
+            plan.gated = gate.gates(tokens)
         return plan
 
     def _rewrite(
