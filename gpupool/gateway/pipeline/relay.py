@@ -257,7 +257,8 @@ class Relay:
         buf = bytearray()
         try:
             async for chunk in resp.iter_raw():
-                ex.prefilled()
+                if ex.turn is not None:
+                    ex.prefilled()  # the first chunk: its prefill is over
                 if b'"usage"' in chunk:
                     self._stream_usage(ex, chunk)
                 buf += chunk
