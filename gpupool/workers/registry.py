@@ -86,6 +86,12 @@ class Worker:
         gateway (0..1+)."""
         return (self.inflight + self.vllm_external) / self.capacity if self.capacity else 1.0
 
+    @property
+    def busy_steady(self) -> float:
+        """``busy`` with only the outside work seen in both of the last two scrapes: one scrape
+        may list a request of the gateway's that vLLM had not yet dropped."""
+        return (self.inflight + self.vllm_external_steady) / self.capacity if self.capacity else 1.0
+
     def set_state(self, state: WorkerState) -> None:
         if state is self.state:
             return

@@ -134,7 +134,7 @@ class Pipeline:
                 if route.exact
                 else self.candidates.router.tokens.tokens(model.name, len(req.raw))
             )
-            plan.gated = gate.gates(tokens)
+            plan.gated = tokens >= gate.min_tokens
         return plan
 
     def _rewrite(

@@ -46,10 +46,6 @@ class PrefillGate:
         self._max_wait_s = max_wait_s
         self._turns: dict[str, Turn] = {}  # worker -> the long prefill running on it
 
-    def gates(self, tokens: int) -> bool:
-        """Whether a streamed prompt of ``tokens`` waits and holds."""
-        return 0 < self.min_tokens <= tokens
-
     async def enter(self, worker: str) -> Turn:
         """Wait for the worker's long prefill before this one, then hold the worker.
         Cancelled while waiting, it holds nothing."""

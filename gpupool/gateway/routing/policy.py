@@ -94,14 +94,6 @@ def _keep_long_free(ranked: list[Worker], reserved: int, slow: dict[str, int] | 
             return
 
 
-def _affinity_load(w: Worker) -> float:
-    """The load a conversation's worker must be under to keep it: the gateway's own requests
-    and outside work seen in two scrapes running. A count in one scrape only may be a request
-    of the gateway's that vLLM still listed after it ended; moving the conversation for it
-    would re-read its whole history elsewhere (``Worker.busy``, for ranking, counts both)."""
-    return (w.inflight + w.vllm_external_steady) / w.capacity if w.capacity else 1.0
-
-
 class AffinityTable:
     """Bounded LRU map from a conversation prefix to the worker that served it last."""
 
@@ -175,7 +167,8 @@ class Router:
         if name is None:
             return ranked
         for i, w in enumerate(ranked):
-            if w.name == name and _affinity_load(w) < self._affinity_max_load:
+            # steady: moving a conversation for a phantom request would re-read its history
+            if w.name == name and w.busy_steady < self._affinity_max_load:
                 return [w, *ranked[:i], *ranked[i + 1 :]]
         return ranked
 
