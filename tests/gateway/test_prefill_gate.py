@@ -14,7 +14,16 @@ import orjson
 import pytest
 
 from gpupool.gateway.pipeline.prefill import PrefillGate
-from tests.gateway.test_pipeline import CHUNKS, FakePath, FakeResponse, Rig, _finish, _handle, rig
+from tests.gateway.test_pipeline import (
+    CHUNKS,
+    FakePath,
+    FakeResponse,
+    Handler,
+    Rig,
+    _finish,
+    _handle,
+    rig,
+)
 
 LONG = " ".join(["word"] * 200)  # far more than the gate's 50 tokens at any bytes per token
 
@@ -46,8 +55,9 @@ class Worker:
         return HeldStream(ev)
 
 
-def gated_rig(worker: Worker | None = None, capacity: int = 4, max_wait_s: float = 5.0) -> Rig:
-    r = rig(FakePath(worker or Worker()), capacity=capacity)
+def gated_rig(handler: Handler | None = None, max_wait_s: float = 5.0) -> Rig:
+    """Four slots on one worker, a gate at 50 tokens."""
+    r = rig(FakePath(handler or Worker()), capacity=4)
     r.pipeline.dispatcher.gate = PrefillGate(50, max_wait_s)
     return r
 
@@ -68,16 +78,22 @@ async def read(reply_task: asyncio.Future[object]) -> bytes:
     return await _finish(await reply_task)  # type: ignore[arg-type]
 
 
+async def one_prefilling() -> tuple[Worker, Rig, asyncio.Future[object]]:
+    """A gated rig whose worker is prefilling one long stream (its reply still to come)."""
+    w = Worker()
+    r = gated_rig(w)
+    first: asyncio.Future[object] = asyncio.ensure_future(_handle(r, body(LONG)))
+    await until(lambda: len(w.prefills) == 1)
+    return w, r, first
+
+
 async def nothing_held(r: Rig) -> None:
     assert await r.held() == 0
     assert r.pipeline.dispatcher.gate.held() == 0
 
 
 async def test_a_long_stream_waits_for_the_long_prefill_before_it() -> None:
-    w = Worker()
-    r = gated_rig(w)
-    first = asyncio.ensure_future(_handle(r, body(LONG)))
-    await until(lambda: len(w.prefills) == 1)
+    w, r, first = await one_prefilling()
     second = asyncio.ensure_future(_handle(r, body(LONG + " more")))
     await asyncio.sleep(0.05)
     assert len(r.path.calls) == 1  # holding its slot, not sent
@@ -91,10 +107,7 @@ async def test_a_long_stream_waits_for_the_long_prefill_before_it() -> None:
 
 
 async def test_a_short_prompt_does_not_wait() -> None:
-    w = Worker()
-    r = gated_rig(w)
-    first = asyncio.ensure_future(_handle(r, body(LONG)))
-    await until(lambda: len(w.prefills) == 1)
+    w, r, first = await one_prefilling()
     short = asyncio.ensure_future(_handle(r, body("hi")))
     await until(lambda: len(w.prefills) == 2)  # sent while the long one prefills
     for ev in w.prefills:
@@ -107,10 +120,7 @@ async def test_a_short_prompt_does_not_wait() -> None:
 async def test_a_whole_body_request_does_not_wait() -> None:
     """Its first token is invisible to the gateway (the body comes at the end): it neither
     waits nor holds the worker for the whole answer."""
-    w = Worker()
-    r = gated_rig(w)
-    first = asyncio.ensure_future(_handle(r, body(LONG)))
-    await until(lambda: len(w.prefills) == 1)
+    w, r, first = await one_prefilling()
     await _finish(await _handle(r, body(LONG, stream=False)))
     w.prefills[0].set()
     await read(first)
@@ -118,10 +128,7 @@ async def test_a_whole_body_request_does_not_wait() -> None:
 
 
 async def test_cancelled_while_waiting_at_the_gate_holds_nothing() -> None:
-    w = Worker()
-    r = gated_rig(w)
-    first = asyncio.ensure_future(_handle(r, body(LONG)))
-    await until(lambda: len(w.prefills) == 1)
+    w, r, first = await one_prefilling()
     second = asyncio.ensure_future(_handle(r, body(LONG)))
     await asyncio.sleep(0.05)
     second.cancel()
@@ -158,8 +165,7 @@ async def test_an_error_answer_ends_the_turn_at_once() -> None:
         await gate.wait()
         return FakeResponse(chunks=CHUNKS, content_type="text/event-stream")
 
-    r = rig(FakePath(answer), capacity=4)
-    r.pipeline.dispatcher.gate = PrefillGate(50, 5.0)
+    r = gated_rig(answer)
     bad = await _handle(r, body(LONG))
     assert bad.status == 400
     second = asyncio.ensure_future(_handle(r, body(LONG)))
