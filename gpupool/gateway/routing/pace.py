@@ -6,11 +6,15 @@ the gateway's requests slower though its in-flight count looks like any other's,
 scraped counts show such work only now and then (a request being tokenized is in neither its
 running nor its waiting count). What the gateway sees itself is how long its requests took.
 
-Each worker keeps an exponentially weighted mean of seconds per unit of work of the requests it
-completed, a unit being a prompt token or :data:`DECODE_UNITS` for an output token (a decode
-step costs about as much as that many prompt tokens of prefill), so that a worker serving the
-long prompts is not taken for a slow one. A worker whose figure is at least twice the pool's
-best is :meth:`Pace.slow` by one band per doubling, at most :data:`MAX_PENALTY`. A figure not
+Each worker keeps, per size class, an exponentially weighted mean of seconds per unit of work
+of the requests it completed, a unit being a prompt token or :data:`DECODE_UNITS` for an output
+token, and a class a factor of four in prompt tokens and in output tokens. Workers are compared
+only within a class: a request's fixed cost and the price of a decode step against a prompt
+token differ by machine (CPU against GPU) and by batch, so a worker serving short requests next
+to one serving long prompts would otherwise look slow or fast for its mix alone. A worker whose
+figure is at least twice the best one in every class it shares with another worker is
+:meth:`Pace.slow` by one band per doubling (of the smallest such ratio), at most
+:data:`MAX_PENALTY`; a worker that shares no class with any other is not. A figure not
 refreshed for ``stale_s`` counts no more: a worker that got nothing because it was slow is
 tried again then, so a penalty never outlives its cause by more than that.
 """
@@ -27,6 +31,11 @@ DECODE_UNITS = 64
 MAX_PENALTY = 3
 
 
+def size_class(prompt_tokens: int, output_tokens: int) -> int:
+    """Requests within a factor of four of each other in prompt and in output share a class."""
+    return (prompt_tokens.bit_length() >> 1) << 8 | output_tokens.bit_length() >> 1
+
+
 class Pace:
     def __init__(
         self,
@@ -37,37 +46,55 @@ class Pace:
         self._alpha = alpha
         self._stale_s = stale_s
         self._clock = clock
-        self._per_unit: dict[str, float] = {}
-        self._at: dict[str, float] = {}
+        # worker -> size class -> [seconds per unit, when last refreshed]
+        self._figures: dict[str, dict[int, list[float]]] = {}
 
     def observe(self, worker: str, seconds: float, prompt_tokens: int, output_tokens: int) -> None:
         """``worker`` served a request of that size in ``seconds`` (admission wait excluded)."""
         units = prompt_tokens + DECODE_UNITS * output_tokens
         if units <= 0 or seconds <= 0:
             return
-        x = seconds / units
-        old, now = self._per_unit.get(worker), self._clock()
-        if old is not None and now - self._at[worker] < self._stale_s:
-            x = old + self._alpha * (x - old)  # a stale figure is replaced, not averaged
-        self._per_unit[worker] = x
-        self._at[worker] = now
+        x, now = seconds / units, self._clock()
+        classes, c = self._figures.setdefault(worker, {}), size_class(prompt_tokens, output_tokens)
+        fig = classes.get(c)
+        if fig is None:
+            classes[c] = [x, now]
+            return
+        if now - fig[1] < self._stale_s:
+            x = fig[0] + self._alpha * (x - fig[0])  # a stale figure is replaced, not averaged
+        fig[0], fig[1] = x, now
 
     def slow(self, workers: Sequence[Worker]) -> dict[str, int] | None:
         """Each slow worker's penalty in load bands; None when none is (the usual case)."""
-        if len(workers) < 2 or not self._per_unit:
+        if len(workers) < 2 or len(self._figures) < 2:
             return None
-        now, stale = self._clock(), self._stale_s
-        best = math.inf
-        for w in workers:
-            x = self._per_unit.get(w.name)
-            if x is not None and now - self._at[w.name] < stale and x < best:
-                best = x
+        fresh = self._fresh(workers)
+        if len(fresh) < 2:
+            return None
+        best: dict[int, float] = {}
+        seen: dict[int, int] = {}
+        for classes in fresh.values():
+            for c, x in classes.items():
+                seen[c] = seen.get(c, 0) + 1
+                if x < best.get(c, math.inf):
+                    best[c] = x
         out: dict[str, int] | None = None
-        for w in workers:
-            x = self._per_unit.get(w.name)
-            if x is None or x < 2 * best or now - self._at[w.name] >= stale:
+        for name, classes in fresh.items():
+            ratio = min((x / best[c] for c, x in classes.items() if seen[c] > 1), default=1.0)
+            if ratio < 2:
                 continue
             if out is None:
                 out = {}
-            out[w.name] = min(MAX_PENALTY, int(math.log2(x / best)))
+            out[name] = min(MAX_PENALTY, int(math.log2(ratio)))
+        return out
+
+    def _fresh(self, workers: Sequence[Worker]) -> dict[str, dict[int, float]]:
+        now, stale = self._clock(), self._stale_s
+        out: dict[str, dict[int, float]] = {}
+        for w in workers:
+            classes = self._figures.get(w.name)
+            if classes:
+                live = {c: x for c, (x, at) in classes.items() if now - at < stale}
+                if live:
+                    out[w.name] = live
         return out

@@ -113,3 +113,40 @@ def test_a_request_without_a_known_length_or_time_teaches_nothing() -> None:
     router.served(RouteRequest("m", 300, False), "a", 0.5, output_tokens=16)  # usage seen
     router.served(RouteRequest("m", 300, False), "b", 0.1, output_tokens=16)
     assert router.pace.slow([worker("a"), worker("b")]) == {"a": 2}
+
+
+def test_a_short_request_worker_is_not_slow_beside_one_serving_long_prompts_on_a_gpu() -> None:
+    """On a GPU a prompt token is far cheaper than a decode step's 64 units: `long` served
+    3,000-token prompts with 16 output tokens in 0.3 s, `short` 300-token ones with 64 in 1 s,
+    four times its pace per unit. They share no size class, so neither is slow, and the short
+    request keeps to the smaller window."""
+    clock = Clock()
+    router = router_with(clock)
+    for _ in range(3):
+        router.served(RouteRequest("m", 3000, False, max_tokens=16), "long", 0.3)
+        router.served(RouteRequest("m", 300, False, max_tokens=64), "short", 1.0)
+    workers = [worker("long", 8192), worker("short", 2048)]
+    assert router.pace.slow(workers) is None
+    assert first(router, short_req(), workers) == "short"
+
+
+def test_workers_are_compared_on_the_sizes_they_both_served() -> None:
+    """`long` also served short requests, and there `short` took three times as long: slow."""
+    clock = Clock()
+    router = router_with(clock)
+    router.served(RouteRequest("m", 3000, False, max_tokens=16), "long", 0.3)
+    router.served(short_req(), "long", 0.16)
+    router.served(short_req(), "short", 0.5)
+    assert router.pace.slow([worker("long", 8192), worker("short", 2048)]) == {"short": 1}
+
+
+def test_a_worker_slow_at_one_size_but_not_at_another_is_not_slow() -> None:
+    """Slow means slow at every size it shares: one class's outlier is not enough."""
+    pace = Pace(alpha=1.0, clock=Clock())
+    pace.observe("a", 0.5, 300, 16)
+    pace.observe("b", 0.1, 300, 16)
+    pace.observe("a", 0.3, 3000, 16)
+    pace.observe("b", 0.3, 3000, 16)
+    assert pace.slow([worker("a"), worker("b")]) is None
+    pace.observe("a", 1.0, 3000, 16)
+    assert pace.slow([worker("a"), worker("b")]) == {"a": 1}
