@@ -235,6 +235,16 @@ class QueueConfig(_Strict):
         description="A tenant counts as active for `reserved_slots` while it waits in a model's "
         "queue and for this long after it last asked for a slot of the model.",
     )
+    shared_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="While another tenant has a request running on a worker, a tenant holding "
+        "this share of the worker's slots (at least 1) takes no more there, so that its new "
+        "requests' prefills do not slow every step of the other's (vLLM batches them with the "
+        "running decodes). Held slots are never taken back. Part of `reserved_slots` (off with "
+        "it); 1: off.",
+    )
     keepalive_interval_s: float = Field(
         5.0, gt=0, description="SSE `: queued position=N` comment interval for queued streams."
     )

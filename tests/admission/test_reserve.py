@@ -99,6 +99,55 @@ async def test_a_tenant_waiting_elsewhere_counts_as_active_past_the_window(make:
         await adm.release(lease)
 
 
+async def _shared_worker(
+    make: Make, **kw: float
+) -> tuple[Admission, list[Lease], Lease, list[asyncio.Task[Lease]]]:
+    """w1 (4 slots): batch holds 3 and has 5 more waiting; chat runs in the reserved seat."""
+    adm = await make(FakeWorkers(w1=4), reserved_slots=1, **kw)
+    await adm.release(await adm.acquire(ticket(tenant="chat")))
+    batch = await _fill(adm, "batch", 3)
+    backlog = [await enqueue(adm, ticket(tenant="batch")) for _ in range(5)]
+    chat = await adm.acquire(ticket(tenant="chat"))
+    assert (chat.worker, chat.queued_s) == ("w1", 0.0)
+    return adm, batch, chat, backlog
+
+
+async def _drop(adm: Admission, leases: list[Lease], tasks: list[asyncio.Task[Lease]]) -> None:
+    for task in tasks:
+        task.cancel()
+    done = await asyncio.gather(*tasks, return_exceptions=True)
+    for lease in [*leases, *(d for d in done if isinstance(d, Lease))]:
+        await adm.release(lease)
+    assert await held(adm, "w1") == 0
+
+
+async def test_a_batch_does_not_refill_a_worker_while_another_tenant_runs_there(
+    make: Make,
+) -> None:
+    """Each request batch starts would prefill into chat's decode steps: while chat runs on w1,
+    batch (at half of w1's slots) takes no more there; once chat is done it fills w1 again, up
+    to its reserved-seat limit."""
+    adm, batch, chat, backlog = await _shared_worker(make)
+    await adm.release(batch[0])  # batch holds 2 of 4 beside chat: no refill
+    await asyncio.sleep(0.05)
+    assert not any(t.done() for t in backlog) and await held(adm, "w1") == 3
+    await adm.release(chat)  # chat is gone: batch takes one slot back, the seat stays free
+    first = await asyncio.wait_for(backlog[0], 2)
+    await asyncio.sleep(0.05)
+    assert not any(t.done() for t in backlog[1:]) and await held(adm, "w1") == 3
+    await _drop(adm, [*batch[1:], first], backlog[1:])
+
+
+async def test_a_batch_refills_beside_another_tenant_with_the_shared_limit_off(
+    make: Make,
+) -> None:
+    adm, batch, chat, backlog = await _shared_worker(make, shared_share=1.0)
+    await adm.release(batch[0])  # batch holds 2 of 4: its waiter takes the slot at once
+    first = await asyncio.wait_for(backlog[0], 2)
+    assert await held(adm, "w1") == 4
+    await _drop(adm, [*batch[1:], first, chat], backlog[1:])
+
+
 async def test_no_reserve_when_off(make: Make) -> None:
     adm = await make(FakeWorkers(w1=4), reserved_slots=0)
     await adm.release(await adm.acquire(ticket(tenant="chat")))

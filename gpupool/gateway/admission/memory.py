@@ -35,6 +35,7 @@ from gpupool.gateway.admission.fairness import (
     OrderKey,
     Presence,
     retry_after,
+    shared_limit,
     tenant_limit,
 )
 from gpupool.gateway.admission.waiting import consume, wait_for_grant
@@ -99,6 +100,7 @@ class MemoryAdmission:
         keepalive_interval_s: float = 5.0,
         reserved_slots: int = 0,
         reserve_window_s: float = 30.0,
+        shared_share: float = 1.0,
         replica_id: str = "local",
     ) -> None:
         self._workers = workers
@@ -108,6 +110,7 @@ class MemoryAdmission:
         self._keepalive_s = keepalive_interval_s
         self._reserved = reserved_slots
         self._window_s = reserve_window_s
+        self._share = shared_share
         self.replica_id = replica_id
         self._queues: dict[str, _ModelQueue] = {}
         self._eligible: dict[str, list[_Waiter]] = {}
@@ -126,6 +129,7 @@ class MemoryAdmission:
             keepalive_interval_s=cfg.keepalive_interval_s,
             reserved_slots=cfg.reserved_slots,
             reserve_window_s=cfg.reserve_window_s,
+            shared_share=cfg.shared_share,
             replica_id=replica_id,
         )
 
@@ -212,13 +216,16 @@ class MemoryAdmission:
 
     def _may_take(self, worker: str, ticket: Ticket, capacity: int, held: int) -> bool:
         """False only for a tenant at its limit on ``worker`` (of ``capacity`` slots, ``held``
-        taken) while another tenant is active."""
+        taken) while another tenant is active, or at its shared limit while another tenant
+        runs there (``fairness``)."""
         if self._reserved <= 0:
             return True
+        by = self._held_by.get(worker) or {}
+        mine = by.get(ticket.tenant, 0)
+        if mine and len(by) > 1 and mine >= shared_limit(capacity, self._share):
+            return False  # another tenant runs here: no more prefills into its batch
         limit = tenant_limit(capacity, self._reserved)
-        if held < limit:
-            return True
-        if self._held_by.get(worker, {}).get(ticket.tenant, 0) < limit:
+        if held < limit or mine < limit:
             return True
         queue = self._queue(ticket.model)
         tenant = ticket.tenant

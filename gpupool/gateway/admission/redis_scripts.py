@@ -150,8 +150,18 @@ local function others_active(model, tenant)
 end
 
 -- may h (a table with model and tenant) take a slot of worker, which holds n of cap?
+local function others_here(worker, tenant)
+  for t, c in pairs(COUNTS[worker]) do if t ~= tenant and c > 0 then return true end end
+  return false
+end
+
 local function may_take(h, worker, cap, n)
   if RESERVE <= 0 then return true end
+  local shared = math.max(1, math.floor(cap * SHARED_SHARE))
+  if n > shared then  -- only then can h hold that many with another tenant here
+    local mine = tenant_held(worker, h.tenant)
+    if mine >= shared and others_here(worker, h.tenant) then return false end
+  end
   local limit = cap - math.max(0, math.min(RESERVE, cap - 1))
   if n < limit or tenant_held(worker, h.tenant) < limit then return true end
   return not others_active(h.model, h.tenant)
@@ -429,7 +439,9 @@ class Store:
             cfg.reserved_slots,
             int(cfg.reserve_window_s * 1000),
         ]
-        lib = _LIB.replace("RESERVE_SCAN", str(RESERVE_SCAN))
+        lib = _LIB.replace("RESERVE_SCAN", str(RESERVE_SCAN)).replace(
+            "SHARED_SHARE", repr(float(cfg.shared_share))
+        )
         self._scripts: dict[str, AsyncScript] = {
             name: client.register_script(lib + body)
             for name, body in (
