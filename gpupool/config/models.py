@@ -268,6 +268,14 @@ class RoutingConfig(_Strict):
         description="Affinity is ignored when its worker is this loaded (1: only when full; a "
         "conversation moved re-reads its whole history).",
     )
+    affinity_wait_s: float = Field(
+        2.0,
+        ge=0,
+        description="When a conversation's worker is full of the gateway's own requests (and "
+        "`affinity_max_load` is 1), its next request waits up to this long for a slot there "
+        "before it takes any worker's: one frees within a request's time, while another worker "
+        "would prefill the whole history cold (0: move at once).",
+    )
     window_reserve_s: float = Field(
         60.0,
         ge=0,

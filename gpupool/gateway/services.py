@@ -193,8 +193,12 @@ def build_services(
     replica = new_replica_id()
     admission = admission or build_admission(cfg.queue, RegistryView(registry), replica)
     catalog = Catalog(cfg.models)
+    routing = cfg.routing
     router = Router(
-        cfg.routing.affinity_max_load, cfg.routing.prefix_affinity, cfg.routing.window_reserve_s
+        routing.affinity_max_load,
+        routing.prefix_affinity,
+        routing.window_reserve_s,
+        routing.affinity_wait_s,
     )
     poller = RemotePoller(registry, client.session, cfg.routing)
     launched = [wc for wc in cfg.workers if wc.launch is not None]

@@ -26,6 +26,8 @@ class Ticket:
     candidates: list[str]  # eligible worker names, best first
     max_wait_s: float
     stream: bool = False
+    # Wait up to this long for candidates[0] alone before taking any candidate (``Slots``).
+    first_wait_s: float = 0.0
 
 
 @dataclass(slots=True)

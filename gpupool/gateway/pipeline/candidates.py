@@ -8,7 +8,7 @@ prompt no window holds (vLLM's context-length 400).
 from __future__ import annotations
 
 from gpupool.gateway.errors import ContextLengthExceeded, MediaRejected, UpstreamUnavailable
-from gpupool.gateway.routing.policy import Router, RouteRequest
+from gpupool.gateway.routing.policy import Decision, Router, RouteRequest
 from gpupool.workers.registry import Registry, Worker, WorkerState
 
 _LIVE = (WorkerState.starting, WorkerState.warming, WorkerState.ready)
@@ -20,12 +20,16 @@ class Candidates:
         self.router = router
 
     def of(self, route: RouteRequest, model: str) -> list[Worker]:
+        return self.decide(route, model).candidates
+
+    def decide(self, route: RouteRequest, model: str) -> Decision:
+        """Routing's decision, with at least one candidate."""
         live = [w for w in self.registry.of_model(model) if w.state in _LIVE]
         if not live:
             raise UpstreamUnavailable(f"No worker for model `{model}` is available.")
         decision = self.router.decide(route, live)
         if decision.candidates:
-            return decision.candidates
+            return decision
         if decision.media_refused:
             raise MediaRejected(
                 f"No worker of model `{model}` accepts {route.image} image(s), "

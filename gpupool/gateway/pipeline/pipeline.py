@@ -119,12 +119,13 @@ class Pipeline:
             req.stream and kind.usage_option and not req.usage_asked and _has_tpm(incoming)
         )
         body = self._rewrite(kind, req, model, ctx, strip_usage)
-        names = [w.name for w in self.candidates.of(route, model.name)]
+        decision = self.candidates.decide(route, model.name)
+        names = [w.name for w in decision.candidates]
         wait = self.cfg.queue.max_wait_s
         if ctx.max_wait_s is not None:
             wait = min(wait, ctx.max_wait_s)
         ticket = Ticket(ctx.request_id, model.name, ctx.tenant, ctx.priority, names, wait,
-                        req.stream)  # fmt: skip
+                        req.stream, decision.first_wait_s)  # fmt: skip
         transform = self._transform(kind, req, model)
         plan = Plan(kind, model, route, body, req.stream, ctx, ticket, transform, strip_usage)
         gate = self.dispatcher.gate

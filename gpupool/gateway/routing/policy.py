@@ -45,6 +45,9 @@ class Decision:
     # Set when no candidate exists: why (for the error message).
     too_long_for: int | None = None  # the largest window among ready workers
     media_refused: bool = False
+    # Seconds worth waiting for the first candidate alone, a conversation's full worker,
+    # before taking any (0: take the first with a free slot).
+    first_wait_s: float = 0.0
 
 
 def fits(worker: Worker, req: RouteRequest) -> bool:
@@ -120,6 +123,7 @@ class Router:
         affinity_max_load: float = 1.0,
         prefix_affinity: bool = True,
         window_reserve_s: float = 60.0,
+        affinity_wait_s: float = 2.0,
     ) -> None:
         self.affinity = AffinityTable()
         self.tokens = TokenEstimate()  # a prompt's tokens from its bytes, learned per model
@@ -127,6 +131,8 @@ class Router:
         self.reserve = WindowReserve(window_reserve_s)  # long windows kept for long prompts
         self._affinity_max_load = affinity_max_load
         self._use_affinity = prefix_affinity
+        self._affinity_wait_s = affinity_wait_s
+        self._affinity_waits = affinity_wait_s > 0 and affinity_max_load >= 1
 
     def decide(self, req: RouteRequest, ready: list[Worker]) -> Decision:
         if req.image or req.video or req.audio:
@@ -151,7 +157,7 @@ class Router:
         reserved = self.reserve.window(req.model)
         if reserved is not None:
             _keep_long_free(fitting, reserved, slow)
-        return Decision(self._apply_affinity(req, fitting))
+        return self._apply_affinity(req, fitting)
 
     def _note_long(self, req: RouteRequest, media_ok: list[Worker], fitting: list[Worker]) -> None:
         """A known window too small for the prompt makes it a long one (``reserve.py``)."""
@@ -160,17 +166,26 @@ class Router:
             if need is not None:
                 self.reserve.saw_long(req.model, need)
 
-    def _apply_affinity(self, req: RouteRequest, ranked: list[Worker]) -> list[Worker]:
+    def _apply_affinity(self, req: RouteRequest, ranked: list[Worker]) -> Decision:
         if not self._use_affinity or req.prefix_key is None:
-            return ranked
+            return Decision(ranked)
         name = self.affinity.get(req.prefix_key)
         if name is None:
-            return ranked
+            return Decision(ranked)
         for i, w in enumerate(ranked):
+            if w.name != name:
+                continue
+            first = [w, *ranked[:i], *ranked[i + 1 :]]
             # steady: moving a conversation for a phantom request would re-read its history
-            if w.name == name and w.busy_steady < self._affinity_max_load:
-                return [w, *ranked[:i], *ranked[i + 1 :]]
-        return ranked
+            if w.busy_steady < self._affinity_max_load:
+                return Decision(first)
+            if self._affinity_waits and w.inflight >= w.capacity:
+                # Full of the gateway's own requests: one of them ends within a request's
+                # time, while another worker would prefill the whole history cold (and evict
+                # for it), so wait a while for a slot there first.
+                return Decision(first, first_wait_s=self._affinity_wait_s)
+            break
+        return Decision(ranked)
 
     def served(
         self, req: RouteRequest, worker: str, seconds: float = 0.0, output_tokens: int = 0

@@ -30,10 +30,29 @@ def test_a_conversation_returns_to_its_worker_while_it_has_a_free_slot() -> None
     assert first(router, req(key=7), [a, b]) == "a"
 
 
-def test_a_conversation_leaves_a_full_worker_for_a_less_busy_one() -> None:
-    router, a, b = Router(), worker("a", inflight=4), worker("b", inflight=1)
+def test_a_conversation_waits_a_while_for_its_full_worker_first() -> None:
+    """A slot on `a` frees within a request's time; `b` would prefill the history cold."""
+    router, a, b = Router(affinity_wait_s=1.5), worker("a", inflight=4), worker("b", inflight=1)
+    router.served(req(key=7), "a")
+    d = router.decide(req(key=7), [a, b])
+    assert [w.name for w in d.candidates] == ["a", "b"] and d.first_wait_s == 1.5
+    a.inflight = 3
+    assert router.decide(req(key=7), [a, b]).first_wait_s == 0.0  # a slot is free: no wait
+
+
+def test_a_conversation_leaves_a_full_worker_at_once_without_the_wait() -> None:
+    router, a, b = Router(affinity_wait_s=0), worker("a", inflight=4), worker("b", inflight=1)
     router.served(req(key=7), "a")
     assert first(router, req(key=7), [a, b]) == "b"
+
+
+def test_a_worker_full_of_outside_work_is_left_without_waiting() -> None:
+    """Admission cannot see a slot free up there: another replica's or a client's work."""
+    router, a, b = Router(), worker("a", inflight=1, vllm_external=3), worker("b", inflight=1)
+    a.vllm_external_steady = 3
+    router.served(req(key=7), "a")
+    d = router.decide(req(key=7), [a, b])
+    assert d.candidates[0].name == "b" and d.first_wait_s == 0.0
 
 
 def test_a_lower_affinity_limit_moves_a_conversation_sooner() -> None:
@@ -58,8 +77,8 @@ def test_a_short_request_spills_to_the_long_window_once_the_small_one_is_a_band_
     assert first(Router(), req(300), [long_w, short_w]) == "long"
 
 
-def test_a_conversation_on_a_full_worker_is_placed_like_a_new_one() -> None:
-    router, a, b = Router(), worker("a", inflight=4), worker("b", inflight=4)
+def test_a_conversation_on_a_full_worker_is_placed_like_a_new_one_without_the_wait() -> None:
+    router, a, b = Router(affinity_wait_s=0), worker("a", inflight=4), worker("b", inflight=4)
     router.served(req(key=7), "b")
     assert first(router, req(key=7), [a, b]) == "a"  # equal load: by name, not by affinity
 
