@@ -66,3 +66,22 @@ async def test_a_cancel_during_either_wait_leaves_nothing(make: Make) -> None:
     for lease in busy:
         await adm.release(lease)
     assert await held(adm, "home") == 0 and await held(adm, "other") == 0
+
+
+async def test_home_at_the_tenants_reserved_seat_limit_is_waited_for_too(make: Make) -> None:
+    """Another tenant was active: `t` may hold 1 of home's 2 slots. Its next request waits
+    for home rather than re-reading its history on `other`."""
+    adm = await make(FakeWorkers(home=2, other=2), reserved_slots=1)
+    slots = slots_over(adm)
+    await adm.release(await adm.acquire(ticket(("other",), tenant="chat")))
+    mine = await adm.acquire(ticket(("home",)))
+    t = replace(ticket(("home", "other")), first_wait_s=5.0)
+    assert slots.take_now(t) is None and t.candidates == ["home", "other"]
+    task = asyncio.create_task(slots.take(t))
+    await asyncio.sleep(0.2)
+    assert not task.done()
+    await adm.release(mine)
+    lease = await asyncio.wait_for(task, 2)
+    assert lease.worker == "home"
+    await slots.give(lease)
+    assert await held(adm, "home") == 0 and await held(adm, "other") == 0

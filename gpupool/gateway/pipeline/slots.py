@@ -30,9 +30,12 @@ class Slots:
         """A slot at once where admission can grant one without I/O or waiting; None: ``take``."""
         if not ticket.candidates:
             return None
-        if ticket.first_wait_s > 0:
-            ticket = replace(ticket, candidates=ticket.candidates[:1])
-        lease = self.admission.take_now(ticket)
+        if ticket.first_wait_s > 0:  # the first candidate alone (no await: restored below)
+            candidates, ticket.candidates = ticket.candidates, ticket.candidates[:1]
+            lease = self.admission.take_now(ticket)
+            ticket.candidates = candidates
+        else:
+            lease = self.admission.take_now(ticket)
         if lease is not None:
             self._started(ticket, lease)
         return lease

@@ -22,6 +22,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from gpupool.gateway.routing.estimate import TokenEstimate
+from gpupool.gateway.routing.footprint import Footprint
 from gpupool.gateway.routing.pace import Pace
 from gpupool.gateway.routing.reserve import WindowReserve
 from gpupool.workers.registry import Worker
@@ -45,8 +46,8 @@ class Decision:
     # Set when no candidate exists: why (for the error message).
     too_long_for: int | None = None  # the largest window among ready workers
     media_refused: bool = False
-    # Seconds worth waiting for the first candidate alone, a conversation's full worker,
-    # before taking any (0: take the first with a free slot).
+    # Seconds worth waiting for the first candidate alone, a conversation's worker, when it
+    # has no slot to give, before taking any (0: the first with a free slot).
     first_wait_s: float = 0.0
 
 
@@ -57,23 +58,24 @@ def fits(worker: Worker, req: RouteRequest) -> bool:
     return req.prompt_tokens < window
 
 
-Rank = tuple[float, float, float, int, bool, int, str]
+Rank = tuple[float, float, float, int, bool, int, int, str]
 
 
-def _rank_key(w: Worker, penalty: int = 0) -> Rank:
+def _rank_key(w: Worker, penalty: int, cached: int) -> Rank:
     """On equal load a worker running outside work ranks after one whose load is all the
-    gateway's own: what the gateway sent it knows, what came around it it does not."""
+    gateway's own: what the gateway sent it knows, what came around it it does not. Then the
+    one whose cache took in fewer new prompts lately (``footprint.py``), then the smaller
+    window."""
     band = min(w.busy, 1.0) // 0.25 + penalty
     kv_band = w.kv_usage // 0.25
-    return (band, w.vllm_waiting, kv_band, penalty, w.vllm_external > 0, w.window or 0, w.name)
+    return (band, w.vllm_waiting, kv_band, penalty, w.vllm_external > 0, cached, w.window or 0,
+            w.name)  # fmt: skip
 
 
-def _rank(workers: list[Worker], slow: dict[str, int] | None) -> None:
+def _rank(workers: list[Worker], slow: dict[str, int] | None, footprint: Footprint) -> None:
     """Sort best first; ``slow``: each slow worker's penalty in bands (``Pace.slow``)."""
-    if slow is None:
-        workers.sort(key=_rank_key)
-    else:
-        workers.sort(key=lambda w: _rank_key(w, slow.get(w.name, 0)))
+    slow = slow or {}
+    workers.sort(key=lambda w: _rank_key(w, slow.get(w.name, 0), footprint.band(w.name)))
 
 
 def _keep_long_free(ranked: list[Worker], reserved: int, slow: dict[str, int] | None) -> None:
@@ -129,6 +131,7 @@ class Router:
         self.tokens = TokenEstimate()  # a prompt's tokens from its bytes, learned per model
         self.pace = Pace()  # how fast each worker served the gateway's requests lately
         self.reserve = WindowReserve(window_reserve_s)  # long windows kept for long prompts
+        self.footprint = Footprint()  # new prompt tokens each worker's cache took in lately
         self._affinity_max_load = affinity_max_load
         self._use_affinity = prefix_affinity
         self._affinity_wait_s = affinity_wait_s
@@ -153,7 +156,7 @@ class Router:
         if len(fitting) == 1:
             return Decision(fitting)  # nothing to rank, and affinity can only name it
         slow = self.pace.slow(fitting)
-        _rank(fitting, slow)
+        _rank(fitting, slow, self.footprint)
         reserved = self.reserve.window(req.model)
         if reserved is not None:
             _keep_long_free(fitting, reserved, slow)
@@ -171,18 +174,22 @@ class Router:
             return Decision(ranked)
         name = self.affinity.get(req.prefix_key)
         if name is None:
+            # a new prompt: its tokens go into the first candidate's cache (or, if admission
+            # places it elsewhere, into another's; the figure is a tie-break)
+            self.footprint.add(ranked[0].name, req.prompt_tokens)
             return Decision(ranked)
         for i, w in enumerate(ranked):
             if w.name != name:
                 continue
-            first = [w, *ranked[:i], *ranked[i + 1 :]]
-            # steady: moving a conversation for a phantom request would re-read its history
-            if w.busy_steady < self._affinity_max_load:
-                return Decision(first)
-            if self._affinity_waits and w.inflight >= w.capacity:
-                # Full of the gateway's own requests: one of them ends within a request's
-                # time, while another worker would prefill the whole history cold (and evict
-                # for it), so wait a while for a slot there first.
+            # Steady: moving a conversation for a phantom request would re-read its history.
+            # Full of the gateway's own requests, or of the slots its tenant may hold there
+            # (reserved seats), it still waits a while for a slot there: one frees within a
+            # request's time, while another worker would prefill the whole history cold (and
+            # evict for it). Admission grants a free slot there at once.
+            if w.busy_steady < self._affinity_max_load or (
+                self._affinity_waits and w.inflight >= w.capacity
+            ):
+                first = [w, *ranked[:i], *ranked[i + 1 :]]
                 return Decision(first, first_wait_s=self._affinity_wait_s)
             break
         return Decision(ranked)
