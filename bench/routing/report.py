@@ -315,7 +315,8 @@ def markdown(res: dict[str, Any]) -> str:
     lines = ["# Routing quality on real vLLM", "",
              f"Run started {res.get('started', '?')}, {res.get('wall_s', 0) / 60:.0f} min. "
              f"Model: random-weight Qwen3, hidden {m.get('hidden_size')}, "
-             f"{m.get('num_hidden_layers')} layers (`--load-format dummy`). Workers: "
+             f"{m.get('num_hidden_layers')} layers (`--load-format dummy`, "
+             f"`--dtype {res.get('dtype', 'bfloat16')}`). Workers: "
              + ", ".join(f"{w['name']} (window {w['window']}, CPUs {w['cpus']}, max-num-seqs "
                          f"{w['max_num_seqs']})" for w in res.get("workers", []))
              + ". Versions: " + ", ".join(f"{k} {v}" for k, v in res.get("versions", {}).items())

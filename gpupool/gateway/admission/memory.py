@@ -220,11 +220,13 @@ class MemoryAdmission:
         runs there (``fairness``)."""
         if self._reserved <= 0:
             return True
+        limit = tenant_limit(capacity, self._reserved)
+        if held < limit and held <= capacity * self._share:
+            return True  # nobody holds either limit's worth beside another tenant
         by = self._held_by.get(worker) or {}
         mine = by.get(ticket.tenant, 0)
         if mine and len(by) > 1 and mine >= shared_limit(capacity, self._share):
             return False  # another tenant runs here: no more prefills into its batch
-        limit = tenant_limit(capacity, self._reserved)
         if held < limit or mine < limit:
             return True
         queue = self._queue(ticket.model)

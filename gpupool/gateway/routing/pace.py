@@ -46,8 +46,8 @@ class Pace:
         self._alpha = alpha
         self._stale_s = stale_s
         self._clock = clock
-        # worker -> size class -> [seconds per unit, when last refreshed]
-        self._figures: dict[str, dict[int, list[float]]] = {}
+        # (worker, size class) -> [seconds per unit, when last refreshed]
+        self._figures: dict[tuple[str, int], list[float]] = {}
 
     def observe(self, worker: str, seconds: float, prompt_tokens: int, output_tokens: int) -> None:
         """``worker`` served a request of that size in ``seconds`` (admission wait excluded)."""
@@ -55,10 +55,11 @@ class Pace:
         if units <= 0 or seconds <= 0:
             return
         x, now = seconds / units, self._clock()
-        classes, c = self._figures.setdefault(worker, {}), size_class(prompt_tokens, output_tokens)
-        fig = classes.get(c)
+        # size_class, inline: this runs once a request
+        key = (worker, (prompt_tokens.bit_length() >> 1) << 8 | output_tokens.bit_length() >> 1)
+        fig = self._figures.get(key)
         if fig is None:
-            classes[c] = [x, now]
+            self._figures[key] = [x, now]
             return
         if now - fig[1] < self._stale_s:
             x = fig[0] + self._alpha * (x - fig[0])  # a stale figure is replaced, not averaged
@@ -66,9 +67,9 @@ class Pace:
 
     def slow(self, workers: Sequence[Worker]) -> dict[str, int] | None:
         """Each slow worker's penalty in load bands; None when none is (the usual case)."""
-        if len(workers) < 2 or len(self._figures) < 2:
+        if len(workers) < 2 or not self._figures:
             return None
-        fresh = self._fresh(workers)
+        fresh = self._fresh({w.name for w in workers})
         if len(fresh) < 2:
             return None
         best: dict[int, float] = {}
@@ -88,13 +89,11 @@ class Pace:
             out[name] = min(MAX_PENALTY, int(math.log2(ratio)))
         return out
 
-    def _fresh(self, workers: Sequence[Worker]) -> dict[str, dict[int, float]]:
+    def _fresh(self, names: set[str]) -> dict[str, dict[int, float]]:
+        """Each of ``names``' figures not yet stale, by size class."""
         now, stale = self._clock(), self._stale_s
         out: dict[str, dict[int, float]] = {}
-        for w in workers:
-            classes = self._figures.get(w.name)
-            if classes:
-                live = {c: x for c, (x, at) in classes.items() if now - at < stale}
-                if live:
-                    out[w.name] = live
+        for (name, c), (x, at) in self._figures.items():
+            if name in names and now - at < stale:
+                out.setdefault(name, {})[c] = x
         return out
