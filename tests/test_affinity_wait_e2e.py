@@ -1,0 +1,90 @@
+"""A conversation waits for its full worker, end to end: `gpupool serve` in front of two
+simulated workers of one slot each, the `openai` client, and the worker each answer names
+(``x-gpupool-worker``).
+
+The conversation's first turn lands on `home`. Then `other` is held for 0.3 s and `home` for
+1.5 s by two unrelated streams, and the second turn comes: with `routing.affinity_wait_s` it
+waits for `home` and reads its history from that cache; with 0 it takes the first slot that
+frees, `other`'s. Every slot is back afterwards.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.procs import gateway, running, sim
+
+MODEL = "m"
+SYSTEM = {"role": "system", "content": " ".join(["w"] * 1500)}  # a history worth keeping
+
+
+@pytest.fixture(params=[5.0, 0.0], ids=["wait", "off"])
+def stack(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    a = sim(model=MODEL, max_model_len=32768, tmp=tmp_path, max_num_seqs=1, mode="echo")
+    b = sim(model=MODEL, max_model_len=32768, tmp=tmp_path, max_num_seqs=1, mode="echo")
+    cfg = {
+        "server": {"host": "127.0.0.1", "expose_worker_header": True},
+        "models": [{"name": MODEL}],
+        "workers": [
+            {"name": "a", "model": MODEL, "url": a.url, "max_inflight": 1},
+            {"name": "b", "model": MODEL, "url": b.url, "max_inflight": 1},
+        ],
+        "routing": {"affinity_wait_s": request.param, "metrics_interval_s": 3600},
+    }
+    gw = gateway(cfg, tmp_path)
+    with running(a, b), running(gw, ready_path="/ready"):
+        yield {"url": gw.url, "waits": request.param > 0}
+
+
+def _turn(client: openai.OpenAI, *later: dict[str, str]) -> str:
+    messages: list[Any] = [SYSTEM, {"role": "user", "content": "hello"}, *later]
+    r = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=messages, max_tokens=2
+    )
+    return r.headers["x-gpupool-worker"]
+
+
+def _hold(url: str, ms: int, on: str) -> threading.Thread:
+    """A stream of its own prompt that holds a worker's one slot for ``ms``; returns once it
+    is running on ``on`` (the only free worker then)."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": f"hold {on}"}], "stream": True}
+    t = threading.Thread(
+        target=lambda: httpx.post(
+            url + "/v1/chat/completions", json=body, headers={"x-sim-hold-ms": str(ms)}, timeout=30
+        )
+    )
+    t.start()
+    deadline = time.monotonic() + 10
+    while _inflight(url)[on] != 1:
+        assert time.monotonic() < deadline, f"the hold never reached {on}: {_inflight(url)}"
+        time.sleep(0.01)
+    return t
+
+
+def test_a_conversation_waits_for_its_full_worker(stack: dict[str, Any]) -> None:
+    url = stack["url"]
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    home = _turn(client)
+    other = "b" if home == "a" else "a"
+    holds = [_hold(url, 300, other), _hold(url, 1500, home)]  # `other` frees first
+    try:
+        second = _turn(
+            client, {"role": "assistant", "content": "hi"}, {"role": "user", "content": "and?"}
+        )
+        assert second == (home if stack["waits"] else other)
+    finally:
+        for t in holds:
+            t.join(30)
+    assert _inflight(url) == {"a": 0, "b": 0}
+
+
+def _inflight(url: str) -> dict[str, int]:
+    return {w["name"]: w["inflight"] for w in httpx.get(url + "/admin/workers").json()["data"]}
