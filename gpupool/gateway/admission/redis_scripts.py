@@ -9,13 +9,13 @@ lease TTL (ms), ``ARGV[3]`` drain-rate tau (ms), ``ARGV[4]`` reserved slots per 
 Redis server, not Redis Cluster.
 
 ``dispatch(worker, cap)`` is the heart: purge expired leases, then while the worker has room hand
-the slot to the first member of ``w:<worker>`` that may take it (skipping stale members and
-tickets of dead replicas; a tenant at its limit while others are active may not, see
-``fairness``: then the next member is looked at, ``RESERVE_SCAN`` deep at most), recording the
-lease and publishing ``"<iid> <worker>"`` on the owner's ``wake:`` channel. Every
-script that can free a slot or add a waiter ends in it, so no slot idles while a live eligible
-waiter exists, as far as the caller's view of capacity and availability goes (a worker's
-capacity arrives as an argument; 0 means "not available here").
+the slot to the first member of ``w:<worker>`` that may take it (skipping stale members and tickets
+of dead replicas; a tenant at its limit while others are active may not, nor one at its shared
+limit while another tenant runs on the worker, see ``fairness``: then the next member is looked at,
+``RESERVE_SCAN`` deep at most), recording the lease and publishing ``"<iid> <worker>"`` on the
+owner's ``wake:`` channel. Every script that can free a slot or add a waiter ends in it, so no slot
+idles while a live eligible waiter exists, as far as the caller's view of capacity and availability
+goes (a worker's capacity arrives as an argument; 0 means "not available here").
 
 Scripts: ``acquire`` (idempotent: replaying it returns the same outcome), ``release`` (returns
 the grants it caused, so the caller wakes its own waiters without the pub/sub echo), ``withdraw``
@@ -149,12 +149,14 @@ local function others_active(model, tenant)
   return ACTIVE[k]
 end
 
--- may h (a table with model and tenant) take a slot of worker, which holds n of cap?
+-- does another tenant than this one hold a slot of worker? (COUNTS[worker] filled first)
 local function others_here(worker, tenant)
   for t, c in pairs(COUNTS[worker]) do if t ~= tenant and c > 0 then return true end end
   return false
 end
 
+-- may h (a table with model and tenant) take a slot of worker, which holds n of cap? Not at
+-- its shared limit while another tenant runs there, nor at its limit while another is active.
 local function may_take(h, worker, cap, n)
   if RESERVE <= 0 then return true end
   local shared = math.max(1, math.floor(cap * SHARED_SHARE))
