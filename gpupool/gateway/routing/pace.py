@@ -31,11 +31,6 @@ DECODE_UNITS = 64
 MAX_PENALTY = 3
 
 
-def size_class(prompt_tokens: int, output_tokens: int) -> int:
-    """Requests within a factor of four of each other in prompt and in output share a class."""
-    return (prompt_tokens.bit_length() >> 1) << 8 | output_tokens.bit_length() >> 1
-
-
 class Pace:
     def __init__(
         self,
@@ -55,7 +50,8 @@ class Pace:
         if units <= 0 or seconds <= 0:
             return
         x, now = seconds / units, self._clock()
-        # size_class, inline: this runs once a request
+        # the size class: requests within a factor of four of each other in prompt and in
+        # output tokens share one (inline, not a function: this runs once a request)
         key = (worker, (prompt_tokens.bit_length() >> 1) << 8 | output_tokens.bit_length() >> 1)
         fig = self._figures.get(key)
         if fig is None:
