@@ -7,7 +7,7 @@ import asyncio
 import time
 from dataclasses import replace
 
-from gpupool.gateway.admission.base import Admission
+from gpupool.gateway.admission.base import Admission, Lease
 from gpupool.gateway.metrics import Metrics
 from gpupool.gateway.pipeline.slots import Slots
 from gpupool.workers.registry import Registry, Worker, WorkerState
@@ -22,20 +22,26 @@ def slots_over(adm: Admission) -> Slots:
     return Slots(adm, registry, Metrics())
 
 
-async def test_a_slot_freed_at_home_within_the_wait_is_taken_there(make: Make) -> None:
-    adm = await make(FakeWorkers(home=1, other=1))
-    slots = slots_over(adm)
-    busy = await adm.acquire(ticket(("home",)))
+async def _waits_for_home(adm: Admission, slots: Slots, holder: Lease) -> None:
+    """A ticket that prefers `home` (held by ``holder``) takes nothing at once, waits, and
+    gets `home` once ``holder`` is released; every slot is back afterwards."""
     t = replace(ticket(("home", "other")), first_wait_s=5.0)
-    assert slots.take_now(t) is None  # `other` is free, but home is worth the wait
+    assert slots.take_now(t) is None and t.candidates == ["home", "other"]
     task = asyncio.create_task(slots.take(t))
     await asyncio.sleep(0.2)
     assert not task.done()
-    await adm.release(busy)
+    await adm.release(holder)
     lease = await asyncio.wait_for(task, 2)
     assert lease.worker == "home"
     await slots.give(lease)
     assert await held(adm, "home") == 0 and await held(adm, "other") == 0
+
+
+async def test_a_slot_freed_at_home_within_the_wait_is_taken_there(make: Make) -> None:
+    adm = await make(FakeWorkers(home=1, other=1))
+    slots = slots_over(adm)
+    busy = await adm.acquire(ticket(("home",)))
+    await _waits_for_home(adm, slots, busy)  # `other` is free, but home is worth the wait
 
 
 async def test_after_the_wait_any_candidate_serves(make: Make) -> None:
@@ -75,13 +81,4 @@ async def test_home_at_the_tenants_reserved_seat_limit_is_waited_for_too(make: M
     slots = slots_over(adm)
     await adm.release(await adm.acquire(ticket(("other",), tenant="chat")))
     mine = await adm.acquire(ticket(("home",)))
-    t = replace(ticket(("home", "other")), first_wait_s=5.0)
-    assert slots.take_now(t) is None and t.candidates == ["home", "other"]
-    task = asyncio.create_task(slots.take(t))
-    await asyncio.sleep(0.2)
-    assert not task.done()
-    await adm.release(mine)
-    lease = await asyncio.wait_for(task, 2)
-    assert lease.worker == "home"
-    await slots.give(lease)
-    assert await held(adm, "home") == 0 and await held(adm, "other") == 0
+    await _waits_for_home(adm, slots, mine)
