@@ -22,7 +22,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 VENVS = BENCH / ".venvs"
-PY = ROOT / ".venv" / "bin" / "python"
+# gpupool's interpreter; the GPU lane (no venv there) sets GPUPOOL_BENCH_PYTHON=python3
+PY = Path(os.environ.get("GPUPOOL_BENCH_PYTHON") or ROOT / ".venv" / "bin" / "python")
+# A folder whose bin/ already holds the peers' commands (the GPU lane's offline install): used
+# instead of a venv made with pip, which needs the network
+PEERS_PREFIX = os.environ.get("GPUPOOL_BENCH_PEERS_PREFIX", "")
 RIG_CPU, GATEWAY_CPU = 0, 1
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -244,7 +248,13 @@ class CpuMeter:
 def ensure_venv(name: str, spec: str, binary: str, log: Path) -> Path:
     """``bench/.venvs/<name>`` with ``spec`` installed; returns the path of ``binary``.
 
-    A venv missing its interpreter or the binary (an interrupted install) is made again."""
+    A venv missing its interpreter or the binary (an interrupted install) is made again.
+    With ``GPUPOOL_BENCH_PEERS_PREFIX`` set, ``binary`` is taken from its ``bin/`` instead."""
+    if PEERS_PREFIX:
+        found = Path(PEERS_PREFIX) / "bin" / binary
+        if not found.exists():
+            raise RuntimeError(f"{binary} not in {found.parent} (GPUPOOL_BENCH_PEERS_PREFIX)")
+        return found
     venv = VENVS / name
     exe = venv / "bin" / binary
     if exe.exists() and (venv / "bin" / "python").exists():
@@ -264,6 +274,8 @@ def ensure_venv(name: str, spec: str, binary: str, log: Path) -> Path:
 
 def pip_version(exe: Path, dist: str) -> str:
     py = exe.parent / "python"
+    if not py.exists():  # installed into a prefix, not a venv: the running interpreter's path
+        py = Path(shutil.which("python3") or "python3")
     code = f"import importlib.metadata as m; print(m.version({dist!r}))"
     r = subprocess.run([str(py), "-c", code], capture_output=True, text=True, timeout=60)
     return r.stdout.strip() or "?"

@@ -5,10 +5,16 @@ build here) on its own CPUs, serving the same random-weight model (``--load-form
 prefix caching on and ``VLLM_SERVER_DEV_MODE=1`` so that ``POST /reset_prefix_cache`` empties its
 cache between routers. Workers differ only in their window (``--max-model-len``): one long, one
 short, for the mixed-context workload.
+
+On a GPU machine (the GPU lane) a worker names its GPUs and its share of their memory
+(``gpus``, ``gpu_memory``): it runs with ``CUDA_VISIBLE_DEVICES`` and
+``--gpu-memory-utilization``, in the model's own dtype, and workers sharing a GPU start one after
+the other (the second one's memory profile must see the first's allocation).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import urllib.request
 from dataclasses import dataclass, field
@@ -16,7 +22,10 @@ from pathlib import Path
 
 from rig import ROOT, Proc, free_port, http_ok
 
-VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
+# The GPU lane runs the bundle's vLLM with the machine's python3 (GPUPOOL_BENCH_VLLM_PYTHON)
+VLLM_PY = Path(
+    os.environ.get("GPUPOOL_BENCH_VLLM_PYTHON") or ROOT / ".venv-vllm" / "bin" / "python"
+)
 SERVED = "bench"
 
 
@@ -28,6 +37,8 @@ class WorkerSpec:
     max_num_seqs: int
     batched_tokens: int
     extra_args: list[str] = field(default_factory=list)
+    gpus: str = ""  # CUDA_VISIBLE_DEVICES, e.g. "0"; empty: the CPU build
+    gpu_memory: float = 0.0  # --gpu-memory-utilization
 
 
 @dataclass
@@ -54,11 +65,13 @@ def cpu_dtype() -> str:
 
 
 def _argv(spec: WorkerSpec, model_dir: Path, port: int) -> list[str]:
+    device = (["--gpu-memory-utilization", str(spec.gpu_memory)] if spec.gpus
+              else ["--dtype", cpu_dtype()])  # fmt: skip
     return [
         str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir), "--served-model-name", SERVED,
         "--host", "127.0.0.1", "--port", str(port),
-        "--load-format", "dummy", "--dtype", cpu_dtype(),
+        "--load-format", "dummy", *device,
         "--max-model-len", str(spec.window),
         "--max-num-seqs", str(spec.max_num_seqs),
         "--max-num-batched-tokens", str(spec.batched_tokens),
@@ -69,19 +82,22 @@ def _argv(spec: WorkerSpec, model_dir: Path, port: int) -> list[str]:
 
 def start(specs: list[WorkerSpec], model_dir: Path, tmp: Path, kv_gib: int,
           attach: dict[str, int]) -> list[Worker]:  # fmt: skip
-    """Start each worker, or use the one already on ``attach[name]``'s port."""
-    out = []
+    """Start each worker, or use the one already on ``attach[name]``'s port. A GPU worker whose
+    GPUs an earlier one of ``specs`` uses starts once that one is ready."""
+    out: list[Worker] = []
     for spec in specs:
         if spec.name in attach:
             out.append(Worker(spec, attach[spec.name], None))
             continue
         port = free_port()
-        env = {
-            "VLLM_CPU_KVCACHE_SPACE": str(kv_gib),
-            "VLLM_CPU_OMP_THREADS_BIND": spec.cpus,
-            "VLLM_SERVER_DEV_MODE": "1",
-            "HF_HUB_OFFLINE": "1",
-        }
+        env = {"VLLM_SERVER_DEV_MODE": "1", "HF_HUB_OFFLINE": "1"}
+        if spec.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = spec.gpus
+            for earlier in out:
+                if earlier.spec.gpus == spec.gpus:
+                    wait(earlier, 900)
+        else:
+            env |= {"VLLM_CPU_KVCACHE_SPACE": str(kv_gib), "VLLM_CPU_OMP_THREADS_BIND": spec.cpus}
         cpu = spec.cpus  # Proc pins with taskset -c
         proc = Proc(f"vllm-{spec.name}", _argv(spec, model_dir, port), cpu,  # type: ignore[arg-type]
                     tmp / f"vllm-{spec.name}.log", env=env)  # fmt: skip

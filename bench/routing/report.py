@@ -310,6 +310,12 @@ def _calibration(res: dict[str, Any]) -> list[str]:
             f"ones' prefills about {load:.0%} of that worker's time).", ""]  # fmt: skip
 
 
+def _where(w: dict[str, Any]) -> str:
+    if w.get("gpus"):
+        return f"GPU {w['gpus']} at gpu-memory-utilization {w['gpu_memory']}"
+    return f"CPUs {w['cpus']}"
+
+
 def markdown(res: dict[str, Any]) -> str:
     m = res.get("model", {})
     lines = ["# Routing quality on real vLLM", "",
@@ -317,11 +323,11 @@ def markdown(res: dict[str, Any]) -> str:
              f"Model: random-weight Qwen3, hidden {m.get('hidden_size')}, "
              f"{m.get('num_hidden_layers')} layers (`--load-format dummy`, "
              f"`--dtype {res.get('dtype', 'bfloat16')}`). Workers: "
-             + ", ".join(f"{w['name']} (window {w['window']}, CPUs {w['cpus']}, max-num-seqs "
+             + ", ".join(f"{w['name']} (window {w['window']}, {_where(w)}, max-num-seqs "
                          f"{w['max_num_seqs']})" for w in res.get("workers", []))
              + ". Versions: " + ", ".join(f"{k} {v}" for k, v in res.get("versions", {}).items())
              + ". Percentiles pool every round's requests; 'per round' gives the min-max of the "
-               "rounds' own percentile (the noise of this shared machine).", "",
+               "rounds' own percentile (the noise of the machine).", "",
              *_footprint(res),
              *_calibration(res),
              *([f"Routers renamed after the run: {res['renamed']}."] if "renamed" in res else []),

@@ -63,7 +63,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--workers",
         default="long:8192:0,short:2048:1",
-        help="name:window:cpus, comma separated (cpus as for taskset -c).",
+        help="name:window:cpus[:gpus:gpu-memory-utilization], comma separated (cpus as for "
+        "taskset -c; gpus as for CUDA_VISIBLE_DEVICES: a worker on GPUs).",
     )
     p.add_argument("--max-num-seqs", type=int, default=4)
     p.add_argument("--batched-tokens", type=int, default=2048)
@@ -73,7 +74,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=104,
         help="Cap each worker's KV cache at this many blocks (--num-gpu-blocks-override; 128 "
-        "tokens a block on the CPU backend); 0: as --kv-gib gives. See workload 1.",
+        "tokens a block on the CPU backend, 16 on GPUs); 0: as --kv-gib or the GPU memory "
+        "gives. See workload 1.",
     )
     p.add_argument("--vllm-args", default="", help="Extra vLLM flags for every worker.")
     p.add_argument("--router-cpus", default=f"0-{(os.cpu_count() or 1) - 1}")
@@ -85,16 +87,24 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--serve-workers",
         action="store_true",
-        help="Only start the workers and keep them until interrupted (for --attach).",
+        help="Only start the workers and keep them until interrupted (for --attach); writes "
+        "their ports and KV caches to --out/workers.json.",
     )
     p.add_argument(
         "--attach",
         default="",
         metavar="NAME=PORT,...",
-        help="Use workers already running (started by --serve-workers).",
+        help="Use workers already running (started by --serve-workers), or FILE.json: the "
+        "workers.json --serve-workers writes (their ports and KV caches).",
     )
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "routing")
     p.add_argument("--report-only", action="store_true", help="Redraw from --out/results.json.")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="Add --rounds rounds to --out/results.json's (same sizes, the next rounds' prompts): "
+        "a run split over several commands, as on the GPU lane's 10-minute runs.",
+    )
     return p.parse_args(argv)  # fmt: skip
 
 
@@ -116,12 +126,13 @@ def make_model(args: argparse.Namespace) -> None:
 def worker_specs(args: argparse.Namespace) -> list[pool.WorkerSpec]:
     specs = []
     for item in args.workers.split(","):
-        name, window, cpus = item.split(":")
+        name, window, cpus, *gpu = item.split(":")
         extra = args.vllm_args.split()
         if args.kv_blocks:
             extra += ["--num-gpu-blocks-override", str(args.kv_blocks)]
+        gpus, memory = (gpu[0], float(gpu[1])) if gpu else ("", 0.0)
         specs.append(pool.WorkerSpec(name, int(window), cpus, args.max_num_seqs,
-                                     args.batched_tokens, extra))  # fmt: skip
+                                     args.batched_tokens, extra, gpus, memory))  # fmt: skip
     return specs
 
 
@@ -184,7 +195,8 @@ async def measure(args: argparse.Namespace, sz: Sizes, targets: list[routers.Rou
     conn = aiohttp.TCPConnector(limit=0, force_close=True)  # no keep-alive effects (Nagle)
     timeout = aiohttp.ClientTimeout(total=900)
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
-        for r in range(args.rounds):
+        done = res.get("rounds", 0)
+        for r in range(done, done + args.rounds):
             for wl in names:
                 order = list(targets)  # a new order each time: no router always follows another
                 random.Random(f"{r}-{wl}").shuffle(order)
@@ -201,51 +213,87 @@ async def measure(args: argparse.Namespace, sz: Sizes, targets: list[routers.Rou
                           flush=True)  # fmt: skip
                     report.save(res, args.out)
                     await asyncio.sleep(1.0)
+            res["rounds"] = r + 1
+
+
+def attach(spec: str) -> dict[str, dict[str, Any]]:
+    """--attach: "NAME=PORT,..." or the path of --serve-workers' workers.json."""
+    if spec.endswith(".json"):
+        listing: dict[str, dict[str, Any]] = json.loads(Path(spec).read_text())
+        return listing
+    return {k: {"port": int(v)} for k, v in (item.split("=") for item in spec.split(",") if item)}
+
+
+def earlier(args: argparse.Namespace) -> dict[str, Any] | None:
+    """With --resume, the run so far in --out (None: start afresh)."""
+    path = args.out / "results.json"
+    if not args.resume or not path.exists():
+        return None
+    res: dict[str, Any] = json.loads(path.read_text())
+    return res
+
+
+def serve(args: argparse.Namespace, workers: list[pool.Worker], kv: dict[str, Any]) -> None:
+    """--serve-workers: list them in --out/workers.json, then wait for SIGTERM (a background
+    job ignores SIGINT)."""
+    listing = {w.name: {"port": w.port, "kv_tokens": kv[w.name]} for w in workers}
+    (args.out / "workers.json").write_text(json.dumps(listing))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    while True:
+        time.sleep(3600)
+
+
+def fresh(args: argparse.Namespace, sz: Sizes, specs: list[pool.WorkerSpec],
+          targets: list[routers.Router]) -> dict[str, Any]:  # fmt: skip
+    return {
+        "sizes": asdict(sz),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "workers": [asdict(s) for s in specs],
+        "model": json.loads((args.model_dir / "config.json").read_text()),
+        "dtype": "bfloat16" if specs[0].gpus else pool.cpu_dtype(),  # GPUs: the model's
+        "versions": {t.name: t.version for t in targets},
+        "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "order": [t.name for t in targets],
+        "runs": {},
+    }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    sz = sizes(args)
+    before = earlier(args)
+    sz = Sizes(**before["sizes"]) if before else sizes(args)
     make_model(args)
     tmp = Path(tempfile.mkdtemp(prefix="gpupool-bench-routing-"))
     print(f"  logs in {tmp}", flush=True)
     specs = worker_specs(args)
-    ports = {k: int(v) for k, v in (item.split("=") for item in args.attach.split(",") if item)}
+    attached = attach(args.attach)
+    ports = {name: w["port"] for name, w in attached.items()}
     workers = pool.start(specs, args.model_dir, tmp, args.kv_gib, ports)
     targets: list[routers.Router] = []
     try:
         t0 = time.monotonic()
         for w in workers:
             pool.wait(w, 900)
-        kv = {w.name: pool.kv_tokens(w) for w in workers}
+        kv = {w.name: pool.kv_tokens(w) or attached.get(w.name, {}).get("kv_tokens")
+              for w in workers}  # fmt: skip
         print(f"  {len(workers)} vLLM workers ready after {time.monotonic() - t0:.0f} s: "
               + ",".join(f"{w.name}={w.port}" for w in workers)
               + f"; KV cache tokens {kv}", flush=True)  # fmt: skip
-        if args.serve_workers:  # until SIGTERM (a background job ignores SIGINT)
-            signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-            while True:
-                time.sleep(3600)
-        sz.tokens_per_word = tokens_per_word(workers[0])
-        long_prefill = asyncio.run(calibrate(sz, workers))
+        if args.serve_workers:
+            serve(args, workers, kv)
+        res = before
+        if res is None:
+            sz.tokens_per_word = tokens_per_word(workers[0])
+            long_prefill = asyncio.run(calibrate(sz, workers))
         targets = routers.build(args.routers.split(","), workers, tmp, tmp, args.router_cpus)
         for t in targets:
             t.proc.start()
         for t in targets:
             t.proc.wait_http(t.url + t.ready_path, 180)
-        res: dict[str, Any] = {
-            "sizes": asdict(sz),
-            "args": {k: str(v) for k, v in vars(args).items()},
-            "workers": [asdict(s) for s in specs],
-            "kv_tokens": kv,
-            "long_prefill_s": long_prefill,
-            "model": json.loads((args.model_dir / "config.json").read_text()),
-            "dtype": pool.cpu_dtype(),
-            "versions": {t.name: t.version for t in targets},
-            "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "order": [t.name for t in targets],
-            "runs": {},
-        }
+        if res is None:
+            res = fresh(args, sz, specs, targets)
+            res |= {"kv_tokens": kv, "long_prefill_s": long_prefill}
         asyncio.run(measure(args, sz, targets, workers, res))
-        res["wall_s"] = time.monotonic() - t0
+        res["wall_s"] = res.get("wall_s", 0.0) + time.monotonic() - t0
         return res
     finally:
         for t in targets:

@@ -3,9 +3,11 @@
 #
 # Usage: scripts/gpu_lane/make_bundle.sh [OUTDIR]        (default .gpu; `make gpu-bundle` runs it)
 #
-# OUTDIR/p0 p1 p2 ...   one part each (<= 60 MiB), the last with SHA256SUMS
+# OUTDIR/p0 p1 p2 ...   one part each (<= 56 MiB), the last with SHA256SUMS
+# (a run carries at most 64 MiB, the repository's own ~6 MiB included: PART_MB sets another size)
 # Contents: vLLM 0.26.0 and the wheels it needs on the machine (wheels.txt, slimmed as below),
-# gpupool's own wheel and its dependencies the machine lacks (gpupool-deps.txt), all cp312.
+# gpupool's own wheel and its dependencies the machine lacks (gpupool-deps.txt), the routing
+# bench's peer routers (routing-peers.txt), all cp312.
 # Downloads are cached in OUTDIR/cache, so a rebuild after a gpupool change only re-wheels gpupool.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -17,7 +19,8 @@ plat=(--platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platfo
       --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64)
 cache=$out/cache
 mkdir -p "$cache/whl"
-grep -hv '^#' "$here/wheels.txt" "$here/gpupool-deps.txt" | grep . > "$cache/want.txt"
+grep -hv '^#' "$here/wheels.txt" "$here/gpupool-deps.txt" "$here/routing-peers.txt" | grep . \
+    > "$cache/want.txt"
 if ! cmp -s "$cache/want.txt" "$cache/have.txt"; then
     rm -f "$cache"/whl/*.whl
     xargs "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
@@ -35,7 +38,7 @@ cp "$cache"/whl/*.whl "$work/whl/"
     || "$py" -m pip wheel -q --no-deps -w "$work/whl" "$root"
 tar -C "$work/whl" -cf "$work/bundle.tar" .
 rm -rf "$out"/p[0-9]*
-split -b 60M -d "$work/bundle.tar" "$work/bundle.tar.part"
+split -b "${PART_MB:-56}M" -d "$work/bundle.tar" "$work/bundle.tar.part"
 (cd "$work" && sha256sum bundle.tar.part* > SHA256SUMS)
 i=0
 for p in "$work"/bundle.tar.part*; do mkdir -p "$out/p$i"; mv "$p" "$out/p$i/"; i=$((i + 1)); done
