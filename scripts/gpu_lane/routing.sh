@@ -77,7 +77,7 @@ left=$(( ${LANE_BUDGET_S:-560} - ($(date +%s) - start) - 20 ))
 say "$rounds round(s), $left s left"
 sizes=()
 if [ "${LANE_REHEARSAL:-0}" != 1 ]; then
-  for kv_ in conversations=16 system_tokens=6000 turn_tokens=400 reply_tokens=200 think_s=1.0 \
+  for kv_ in conversations=16 system_tokens=5000 turn_tokens=400 reply_tokens=200 think_s=1.0 \
       stagger_s=0.1 long_tokens=24000 short_tokens=1000 mixed_short_max=6000 mixed_requests=24 \
       flood=96 flood_tokens=1000 flood_max_tokens=64 interactive_tokens=500 hog_tokens=7000; do
     sizes+=(--size "$kv_")
