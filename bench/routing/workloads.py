@@ -185,6 +185,7 @@ async def mixed(ctx: Ctx, url: str) -> dict[str, Any]:
     out["long_each"] = [c.ttft if c.status == 200 else None
                         for k, c in zip(kinds, calls, strict=True) if k == "long"]  # fmt: skip
     out["ok_per_s"] = sum(c.status == 200 for c in calls) / wall
+    out["long_worker"] = max(ctx.workers, key=lambda w: w.spec.window).name
     return out
 
 

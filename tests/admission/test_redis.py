@@ -234,6 +234,15 @@ class _Load:
                 self.now[adm.replica_id] -= 1
                 await adm.release(lease)
 
+    async def serves(self, n: int = 20) -> None:
+        """Stay in this phase until it has served more than ``n`` (a count, not a time: a busy
+        machine serves fewer in a fixed time, and the test is about what, not how fast)."""
+
+        async def enough() -> bool:
+            return self.served.get(self.phase, 0) > n
+
+        await until(enough, within=20.0)
+
 
 async def test_redis_killed_and_restarted_under_load(
     make_redis: MakeRedis, own_redis: RedisServer
@@ -244,21 +253,21 @@ async def test_redis_killed_and_restarted_under_load(
     b = await make_redis(workers, lease_ttl_s=5.0, **kw)
     load = _Load([a, b])
     clients = [asyncio.create_task(load.client(r)) for r in (a, b) for _ in range(5)]
-    await asyncio.sleep(0.3)
+    await load.serves()
     load.phase = "failing-over"  # a replica below its share may add to the others' Redis leases
     await own_redis.akill()
     await until(_up(a, False))
     await until(_up(b, False))
     await asyncio.sleep(0.2)  # leases taken through Redis are all gone by now
     load.phase = "outage"
-    await asyncio.sleep(0.4)
+    await load.serves()
     load.phase = "recovering"
     await own_redis.astart()
     await until(_up(a))
     await until(_up(b))
     await asyncio.sleep(0.2)
     load.phase = "recovered"
-    await asyncio.sleep(0.4)
+    await load.serves()
     load.running = False
     await asyncio.wait_for(asyncio.gather(*clients), 5)
 
