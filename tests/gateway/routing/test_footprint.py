@@ -37,3 +37,17 @@ def test_the_footprint_halves_every_half_life() -> None:
     assert fp.band("a") == 2
     fp.add("a", BAND_TOKENS)
     assert fp.band("a") == 3
+
+
+def test_intake_a_minute_old_does_not_decide_where_conversations_open() -> None:
+    """The seventh pass's collapse: a flood kept on the small window put it 40 bands ahead;
+    a minute later twelve conversations opened, and with a 60-s half-life all twelve went to
+    the other worker. Now the old intake has faded and they split evenly."""
+    clock = Clock()
+    router = Router()
+    router.footprint = Footprint(clock=clock)
+    long_w, short_w = worker("long", 8192), worker("short", 2048)
+    router.footprint.add("short", 40 * BAND_TOKENS)
+    clock.now += 60
+    placed = [first(router, req(1100, key=i), [long_w, short_w]) for i in range(12)]
+    assert placed.count("short") == 6 and placed.count("long") == 6
