@@ -213,7 +213,8 @@ async def measure(args: argparse.Namespace, sz: Sizes, targets: list[routers.Rou
                           flush=True)  # fmt: skip
                     report.save(res, args.out)
                     await asyncio.sleep(1.0)
-            res["rounds"] = r + 1
+            res["rounds"] = r + 1  # what --resume counts from: saved with the round's last run
+            report.save(res, args.out)
 
 
 def attach(spec: str) -> dict[str, dict[str, Any]]:

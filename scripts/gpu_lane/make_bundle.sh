@@ -3,8 +3,8 @@
 #
 # Usage: scripts/gpu_lane/make_bundle.sh [OUTDIR]        (default .gpu; `make gpu-bundle` runs it)
 #
-# OUTDIR/p0 p1 p2 ...   one part each (<= 56 MiB), the last with SHA256SUMS
-# (a run carries at most 64 MiB, the repository's own ~6 MiB included: PART_MB sets another size)
+# OUTDIR/p0 p1 p2 ...   one part each, the last with SHA256SUMS; a part is as large as a run's
+# 64 MiB allows beside the repository's tracked files and 1 MiB to spare (PART_MB: a fixed size)
 # Contents: vLLM 0.26.0 and the wheels it needs on the machine (wheels.txt, slimmed as below),
 # gpupool's own wheel and its dependencies the machine lacks (gpupool-deps.txt), the routing
 # bench's peer routers (routing-peers.txt), all cp312.
@@ -38,7 +38,10 @@ cp "$cache"/whl/*.whl "$work/whl/"
     || "$py" -m pip wheel -q --no-deps -w "$work/whl" "$root"
 tar -C "$work/whl" -cf "$work/bundle.tar" .
 rm -rf "$out"/p[0-9]*
-split -b "${PART_MB:-56}M" -d "$work/bundle.tar" "$work/bundle.tar.part"
+repo=$(git -C "$root" ls-files -z | (cd "$root" && xargs -0 du -cb) | tail -1 | cut -f1)
+part=$(( ${PART_MB:-0} * 1048576 ))
+[ "$part" -gt 0 ] || part=$(( 63 * 1048576 - repo ))
+split -b "$part" -d "$work/bundle.tar" "$work/bundle.tar.part"
 (cd "$work" && sha256sum bundle.tar.part* > SHA256SUMS)
 i=0
 for p in "$work"/bundle.tar.part*; do mkdir -p "$out/p$i"; mv "$p" "$out/p$i/"; i=$((i + 1)); done
