@@ -82,8 +82,8 @@ def _argv(spec: WorkerSpec, model_dir: Path, port: int) -> list[str]:
 
 def start(specs: list[WorkerSpec], model_dir: Path, tmp: Path, kv_gib: int,
           attach: dict[str, int]) -> list[Worker]:  # fmt: skip
-    """Start each worker, or use the one already on ``attach[name]``'s port. A GPU worker whose
-    GPUs an earlier one of ``specs`` uses starts once that one is ready."""
+    """Start each worker, or use the one already on ``attach[name]``'s port. A GPU worker on the
+    same GPUs as an earlier one of ``specs`` (the same ``gpus``) starts once that one is ready."""
     out: list[Worker] = []
     for spec in specs:
         if spec.name in attach:

@@ -38,7 +38,7 @@ cp "$cache"/whl/*.whl "$work/whl/"
     || "$py" -m pip wheel -q --no-deps -w "$work/whl" "$root"
 tar -C "$work/whl" -cf "$work/bundle.tar" .
 rm -rf "$out"/p[0-9]*
-repo=$(git -C "$root" ls-files -z | (cd "$root" && xargs -0 du -cb) | tail -1 | cut -f1)
+repo=$(git -C "$root" ls-files -z | (cd "$root" && du -cb --files0-from=-) | tail -1 | cut -f1)
 part=$(( ${PART_MB:-0} * 1048576 ))
 [ "$part" -gt 0 ] || part=$(( 63 * 1048576 - repo ))
 split -b "$part" -d "$work/bundle.tar" "$work/bundle.tar.part"
