@@ -30,6 +30,31 @@ class PrefixCache:
             self._insert(chain)
         return hits
 
+    def lookup(self, pieces: list[str]) -> int:
+        """Cached tokens for this prompt, remembering nothing new (its blocks are not computed
+        yet: :meth:`insert` once they are)."""
+        size = self.block_size
+        chain = 0
+        hits = 0
+        for start in range(0, (len(pieces) - 1) // size * size, size):
+            chain = hash((chain, "".join(pieces[start : start + size])))
+            if chain not in self._blocks:
+                break
+            self._blocks.move_to_end(chain)
+            hits += size
+        return hits
+
+    def insert(self, pieces: list[str]) -> None:
+        """Remember this prompt's full blocks (all computed now), most recently used."""
+        size = self.block_size
+        chain = 0
+        for start in range(0, len(pieces) // size * size, size):
+            chain = hash((chain, "".join(pieces[start : start + size])))
+            if chain in self._blocks:
+                self._blocks.move_to_end(chain)
+            else:
+                self._insert(chain)
+
     def _insert(self, key: int) -> None:
         self._blocks[key] = None
         if len(self._blocks) > self.num_blocks:

@@ -11,6 +11,7 @@ from gpupool.workers.sim.config import (
     MODES,
     REASONING_PARSERS,
     Chunking,
+    GpuShape,
     Mode,
     ReasoningParserName,
     SimConfig,
@@ -23,6 +24,8 @@ Examples:
   gpupool sim --port 8002 --mode script --script '<think>a b</think>answer' \\
       --script-chunking chars --reasoning-parser qwen3
   gpupool sim --port 8003 --crash-after-tokens 5 --itl-ms 50   # dies mid-stream
+  gpupool sim --port 8004 --gpu --max-num-seqs 128 --step-ms 15 --seq-step-ms 0.05 \\
+      --prefill-ms-per-1k 8 --max-num-batched-tokens 8192   # continuous batching, GPU-shaped
 
 \b
 Control while it runs (tests):
@@ -103,6 +106,45 @@ def served_names(
 @click.option("--hang", is_flag=True, help="Never answer (health included).")
 @click.option("--health-fail", is_flag=True, help="/health answers 503.")
 @click.option("--seed", default=0, show_default=True, type=int)
+@click.option(
+    "--gpu",
+    is_flag=True,
+    help="GPU-shaped engine: continuous batching in steps (the options below; --ttft-ms and "
+    "--itl-ms are then unused).",
+)
+@click.option(
+    "--step-ms", default=20.0, show_default=True, type=float, help="--gpu: a step's base."
+)
+@click.option(
+    "--seq-step-ms", default=0.5, show_default=True, type=float, help="--gpu: per sequence a step."
+)
+@click.option(
+    "--tokens-per-step",
+    default=1,
+    show_default=True,
+    type=int,
+    help="--gpu: per decoding sequence.",
+)
+@click.option(
+    "--prefill-ms-per-1k",
+    default=10.0,
+    show_default=True,
+    type=float,
+    help="--gpu: per 1,000 prompt tokens computed (prefix-cache hits are free).",
+)
+@click.option(
+    "--max-num-batched-tokens",
+    default=2048,
+    show_default=True,
+    type=int,
+    help="--gpu: tokens a step computes (decodes 1 each, prompts chunked into the rest).",
+)
+@click.option(
+    "--num-gpu-blocks-override",
+    default=None,
+    type=int,
+    help="--gpu: KV cache blocks of 16 tokens [a full window per sequence].",
+)
 def sim(
     host: str,
     port: int,
@@ -125,6 +167,13 @@ def sim(
     hang: bool,
     health_fail: bool,
     seed: int,
+    gpu: bool,
+    step_ms: float,
+    seq_step_ms: float,
+    tokens_per_step: int,
+    prefill_ms_per_1k: float,
+    max_num_batched_tokens: int,
+    num_gpu_blocks_override: int | None,
 ) -> None:
     """Run a simulated vLLM 0.32 OpenAI server (no GPU, fault injection, /sim control)."""
     from gpupool.workers.sim.app import run_sim
@@ -156,6 +205,16 @@ def sim(
             hang=hang,
             health_fail=health_fail,
             seed=seed,
+            gpu=GpuShape(
+                step_ms=step_ms,
+                seq_step_ms=seq_step_ms,
+                tokens_per_step=tokens_per_step,
+                prefill_ms_per_1k=prefill_ms_per_1k,
+                max_num_batched_tokens=max_num_batched_tokens,
+                num_gpu_blocks=num_gpu_blocks_override,
+            )
+            if gpu
+            else None,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

@@ -18,6 +18,35 @@ REASONING_PARSERS: tuple[ReasoningParserName, ...] = ("qwen3",)
 
 
 @dataclass(slots=True)
+class GpuShape:
+    """The GPU-shaped engine (``gpupool sim --gpu``): vLLM's continuous batching in simulated time.
+
+    Every step runs all scheduled sequences at once and lasts ``step_ms`` plus ``seq_step_ms`` per
+    sequence in it plus ``prefill_ms_per_1k`` per thousand prompt tokens it computes; a decoding
+    sequence gains ``tokens_per_step`` tokens a step. At most ``max_num_seqs`` run, the rest wait
+    inside the engine; a step computes at most ``max_num_batched_tokens`` tokens (one per decoding
+    sequence, prompt chunks in the rest). ``num_gpu_blocks`` (of 16 tokens) bounds the KV cache
+    (``None``: a full window for every sequence), and the prefix cache within it evicts LRU.
+    """
+
+    step_ms: float = 20.0
+    seq_step_ms: float = 0.5
+    tokens_per_step: int = 1
+    prefill_ms_per_1k: float = 10.0
+    max_num_batched_tokens: int = 2048
+    num_gpu_blocks: int | None = None
+
+    def check(self) -> None:
+        _check(self.step_ms > 0, "step_ms must be > 0")
+        _check(self.seq_step_ms >= 0 and self.prefill_ms_per_1k >= 0,
+               "seq_step_ms and prefill_ms_per_1k must be >= 0")  # fmt: skip
+        _check(self.tokens_per_step >= 1, "tokens_per_step must be at least 1")
+        _check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens must be at least 1")
+        _check(self.num_gpu_blocks is None or self.num_gpu_blocks >= 1,
+               "num_gpu_blocks must be at least 1")  # fmt: skip
+
+
+@dataclass(slots=True)
 class SimConfig:
     """How one simulated vLLM 0.32 worker looks and behaves.
 
@@ -47,6 +76,7 @@ class SimConfig:
     hang: bool = False
     health_fail: bool = False
     seed: int = 0
+    gpu: GpuShape | None = None  # None: the classic timing (``ttft_ms``/``itl_ms`` per request)
 
     def __post_init__(self) -> None:
         if not self.root:
@@ -63,6 +93,8 @@ class SimConfig:
         _check(self.output_tokens >= 1, "output_tokens must be at least 1")
         _check(0.0 <= self.fail_rate <= 1.0, "fail_rate must be between 0 and 1")
         _check(self.ttft_ms >= 0 and self.itl_ms >= 0, "ttft_ms and itl_ms must be >= 0")
+        if self.gpu is not None:
+            self.gpu.check()
 
     @property
     def served_names(self) -> list[str]:

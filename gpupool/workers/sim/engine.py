@@ -11,10 +11,11 @@ import asyncio
 import math
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from gpupool.workers.sim.cache import BLOCK_SIZE, PrefixCache
 from gpupool.workers.sim.config import SimConfig
@@ -31,6 +32,26 @@ class Admission:
     planned_tokens: int
     hold_s: float = 0.0
     arrival: float = 0.0
+    output_lens: tuple[int, ...] = ()  # each choice's planned tokens (the GPU engine's pace)
+
+
+class Pacer(Protocol):
+    """What a request's body sees of the engine while it runs (:meth:`Engine.running`)."""
+
+    generated: int
+    finish_reasons: list[str]
+
+    async def pace(self, step: int) -> None:
+        """Wait until output position ``step`` (0-based, per choice) is due."""
+
+    async def pace_all(self, steps: int) -> None:
+        """Wait until the last of ``steps`` positions is due (a non-streaming request)."""
+
+    def available(self, step: int, steps: int) -> int:
+        """After ``pace(step)``: positions up to this one (exclusive) are ready to send."""
+
+
+Gauges = tuple[Callable[[], float], Callable[[], float], Callable[[], float]]
 
 
 @dataclass(slots=True)
@@ -91,11 +112,17 @@ class Engine:
         self.cache = PrefixCache(config.max_num_seqs * blocks_per_seq)
         self._kv_capacity = self.cache.num_blocks * BLOCK_SIZE
         self._kv_tokens = 0
+        running, waiting, kv_usage = self._gauges()
         self.metrics = SimMetrics(
-            config.served_names[0],
-            running=lambda: float(self.slots.running),
-            waiting=lambda: float(self.slots.waiting),
-            kv_usage=lambda: min(1.0, self._kv_tokens / self._kv_capacity),
+            config.served_names[0], running=running, waiting=waiting, kv_usage=kv_usage
+        )
+
+    def _gauges(self) -> Gauges:
+        """vLLM's running, waiting and KV-usage gauges, read at scrape time."""
+        return (
+            lambda: float(self.slots.running),
+            lambda: float(self.slots.waiting),
+            lambda: min(1.0, self._kv_tokens / self._kv_capacity),
         )
 
     def would_block(self, hold_s: float) -> bool:
@@ -103,7 +130,7 @@ class Engine:
         k = self.knobs
         return k.hang or k.ttft_ms > 0 or k.itl_ms > 0 or hold_s > 0 or not self.slots.free
 
-    def running(self, adm: Admission) -> Running:
+    def running(self, adm: Admission) -> AbstractAsyncContextManager[Pacer]:
         """``async with engine.running(adm) as run:`` holds a slot for the body's duration."""
         return Running(self, adm)
 
@@ -225,3 +252,6 @@ class Run:
             await asyncio.sleep(delay)
         first = min(self._due0, time.monotonic())
         self.engine.metrics.ttft.observe(first - (self.adm.arrival or self.started))
+
+    def available(self, step: int, steps: int) -> int:
+        return step + 1  # one position at a time, each at its own due time

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from gpupool.workers.sim import render
+from gpupool.workers.sim.batching import StepEngine
 from gpupool.workers.sim.config import VLLM_VERSION, SimConfig
 from gpupool.workers.sim.engine import Engine
 from gpupool.workers.sim.errors import BadRequest, InvalidBody, SimError
@@ -68,7 +69,8 @@ class SimService:
         self.config = config
         self.knobs = Knobs.from_config(config)
         self.tokenizer = Tokenizer()
-        self.engine = Engine(config, self.knobs)
+        engine = Engine if config.gpu is None else StepEngine
+        self.engine = engine(config, self.knobs)
         self.jobs = JobBuilder(config, self.tokenizer, TextSource(config, self.tokenizer))
 
     # -- generation -------------------------------------------------------------------------
