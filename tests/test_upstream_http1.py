@@ -160,7 +160,8 @@ async def test_json_body_read_and_connection_reused(pool: Http1Pool) -> None:
     assert head.startswith(f"POST /v1/chat?x=1 HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n")
     assert "content-type: application/json\r\nx-trace: t1\r\ncontent-length: 7\r\n" in head
     assert "content-length: 0\r\n" in w.heads[1].decode()
-    assert "user-agent" not in head.lower() and "accept-encoding" not in head.lower()
+    assert "user-agent" not in head.lower()
+    assert "accept-encoding: identity\r\n" in head  # never a compressed answer
 
 
 async def test_header_lines_as_bytes_go_out_as_they_are(pool: Http1Pool) -> None:
@@ -259,7 +260,7 @@ async def test_body_until_eof_is_read_and_connection_not_reused(pool: Http1Pool)
         assert w.connections == 2
 
 
-async def test_interim_response_is_skipped_and_hop_headers_dropped(pool: Http1Pool) -> None:
+async def test_interim_response_is_skipped_and_only_allowed_headers_kept(pool: Http1Pool) -> None:
     async def handler(w: Worker, reader: Reader, writer: Writer) -> None:
         await w.request(reader)
         writer.write(b"HTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n")
@@ -272,7 +273,7 @@ async def test_interim_response_is_skipped_and_hop_headers_dropped(pool: Http1Po
 
     async with Worker(handler) as w:
         resp = await pool.open("GET", w.url, None, {})
-        assert resp.headers == [("content-type", "application/json"), ("X-Request-Id", "r1")]
+        assert resp.headers == [("content-type", "application/json")]  # no x-request-id
         assert await resp.read() == b"{}"
 
 
@@ -380,7 +381,8 @@ async def test_read_timeout_before_headers_and_between_chunks() -> None:
         with pytest.raises(UpstreamFailure) as e:
             await pool.open("POST", w.url, b"{}", {})
         assert 0.14 < time.monotonic() - started < 1.0
-        assert facts(e.value) == ("worker timed out", True, False)
+        assert facts(e.value)[1:] == (True, False)
+        assert str(e.value).startswith("worker timed out")
     async with Worker(head_then_wait) as w:
         resp = await pool.open("POST", w.url, b"{}", {})
         pieces = []
@@ -525,6 +527,7 @@ async def test_read_timeout_runs_from_each_request_on_a_reused_connection() -> N
         with pytest.raises(UpstreamFailure) as e:
             await pool.open("POST", w.url, b"{}", {})
         assert time.monotonic() - started >= 0.29  # not the first request's deadline
-        assert facts(e.value) == ("worker timed out", True, False)
+        assert facts(e.value)[1:] == (True, False)
+        assert str(e.value).startswith("worker timed out")
         assert w.connections == 1  # it was the reused connection that timed out
     await pool.close()

@@ -13,13 +13,14 @@ address.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Mapping
+from typing import Protocol
 
 import aiohttp
 
 from gpupool.gateway.upstream.common import UpstreamFailure
 from gpupool.gateway.upstream.http1 import Http1Pool, Http1Response
+from gpupool.gateway.upstream.limits import WorkerLimits
 
 UpstreamResponse = Http1Response
 
@@ -49,10 +50,16 @@ class DataPath(Protocol):
     class (as httpx's transports)."""
 
     async def open(
-        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str] | bytes
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        headers: Mapping[str, str] | bytes,
+        stream: bool = False,
     ) -> Response:
         """``headers`` as a mapping, or as the head's header lines already checked for line
-        breaks (``name: value\\r\\n`` each)."""
+        breaks (``name: value\\r\\n`` each). ``stream``: the answer is read as it comes (an idle
+        deadline), not whole (a total deadline)."""
         ...
 
 
@@ -60,17 +67,19 @@ class UpstreamClient:
     """Keep-alive connections pooled per worker origin (so a worker taken out can be cut off at
     once), and one aiohttp session for control traffic."""
 
-    def __init__(self, connect_timeout_s: float = 5.0, read_timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        connect_timeout_s: float = 5.0,
+        read_timeout_s: float = 600.0,
+        limits: WorkerLimits | None = None,
+    ) -> None:
         self._timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s
         )
-        self._pool = Http1Pool(connect_timeout_s, read_timeout_s)
+        self._pool = Http1Pool(connect_timeout_s, read_timeout_s, limits=limits)
         self._session: aiohttp.ClientSession | None = None
         # The data path's one method is the pool's own (no wrapper coroutine per request).
-        self.open: Callable[
-            [str, str, bytes | None, Mapping[str, str] | bytes],
-            Coroutine[Any, Any, UpstreamResponse],
-        ] = self._pool.open
+        self.open = self._pool.open
 
     @property
     def session(self) -> aiohttp.ClientSession:

@@ -1,4 +1,4 @@
-"""What both upstream clients share: the failure type and the headers never passed on."""
+"""What both upstream clients share: the failure type and which headers pass."""
 
 from __future__ import annotations
 
@@ -26,10 +26,11 @@ DROP_REQUEST = frozenset(
         "cookie",
     }
 )
-# Response headers never passed back to the client.
-DROP_RESPONSE = frozenset(
-    {"content-length", "connection", "keep-alive", "transfer-encoding", "server", "date"}
-)
+# Response headers passed back to the client: only what a client of an OpenAI-compatible server
+# needs. Framing (content-length, transfer-encoding) is the gateway's own, as it re-frames the
+# body; cookies, CORS, redirects, auth challenges, HSTS, Alt-Svc, a worker's x-request-id or
+# x-gpupool-* never reach a client (the gateway's own headers are the gateway's alone).
+KEEP_RESPONSE = frozenset({"content-type", "cache-control"})
 
 
 class UpstreamFailure(Exception):
@@ -39,14 +40,20 @@ class UpstreamFailure(Exception):
     connection (it crashed, or the gateway cut it off). A request that was not sent can always
     be retried elsewhere; one that was sent only when its worker is known to be gone, so a slow
     or frozen worker never ends up running it a second time.
+
+    ``limit``: the bound the worker crossed (an ``upstream_*`` config field; ``limits.py``),
+    None for a plain transport failure.
     """
 
-    def __init__(self, message: str, *, sent: bool, died: bool = False) -> None:
+    def __init__(
+        self, message: str, *, sent: bool, died: bool = False, limit: str | None = None
+    ) -> None:
         super().__init__(message)
         self.sent = sent
         self.died = died
+        self.limit = limit
 
 
 DROP_REQUEST_HEADERS = frozenset(h.encode() for h in DROP_REQUEST)
 """The same names as bytes, for raw ASGI header lists (whose names are lower case)."""
-DROP_RESPONSE_HEADERS = frozenset(h.encode() for h in DROP_RESPONSE)
+KEEP_RESPONSE_HEADERS = frozenset(h.encode() for h in KEEP_RESPONSE)

@@ -17,6 +17,14 @@ that, with the behaviour of :class:`~gpupool.gateway.upstream.client.UpstreamCli
 A connection taken from the idle pool that the worker had just closed (EOF or reset before any
 response byte) is retried once on a fresh connection: uvicorn closes idle connections after 5 s,
 and a request can cross that close on the wire.
+
+A worker is only semi-trusted, so every read is bounded (:class:`WorkerLimits`, ``limits.py``):
+the head's bytes and header count (interim ``1xx`` heads included) and the number of interim
+heads; a body read whole; time, as a total deadline for a whole answer (from the send, never
+restarted by a byte) or, for a stream, a deadline for its head and then between its lines. Only
+the headers a client needs are kept (``common.KEEP_RESPONSE``); the worker is asked for identity
+encoding and an encoded answer is refused, so nothing downstream ever reads compressed bytes.
+Bytes after a complete response end nothing but the connection's reuse: the answer stands.
 """
 
 from __future__ import annotations
@@ -34,8 +42,9 @@ from urllib.parse import quote, urlsplit
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpResponseParser
 
-from gpupool.gateway.upstream.common import DROP_RESPONSE_HEADERS as _DROP
+from gpupool.gateway.upstream.common import KEEP_RESPONSE_HEADERS as _KEEP
 from gpupool.gateway.upstream.common import UpstreamFailure
+from gpupool.gateway.upstream.limits import INF, WorkerLimits, over
 
 _PAUSE_AT = 256 * 1024  # unconsumed stream bytes at which the worker's socket stops being read
 _NO_LIMIT = 1 << 62
@@ -50,6 +59,10 @@ _FAILED = 4  # broken mid-response: ``exc`` says why
 
 class _Stale(Exception):
     """A reused connection died before any response byte: the worker had closed it while idle."""
+
+
+class _Over(Exception):
+    """Raised in a parser callback to stop parsing: ``_Conn.broke`` says which limit."""
 
 
 def _died() -> UpstreamFailure:
@@ -148,19 +161,29 @@ class _Conn(asyncio.Protocol):
 
     __slots__ = (
         "_buffered",
+        "_cap",
         "_chunks",
+        "_deadline",
+        "_declared",
+        "_encoding",
         "_framed",
+        "_head_bytes",
         "_head_only",
+        "_hsize",
+        "_interim",
         "_keep",
         "_last_read",
+        "_lim",
         "_limit",
         "_loop",
+        "_nheaders",
         "_origin",
         "_parser",
         "_paused",
-        "_read_timeout_s",
+        "_stream",
         "_timer",
         "_waiter",
+        "broke",
         "ctype",
         "exc",
         "got_bytes",
@@ -174,11 +197,11 @@ class _Conn(asyncio.Protocol):
     transport: asyncio.Transport
 
     def __init__(
-        self, origin: _Origin, loop: asyncio.AbstractEventLoop, read_timeout_s: float
+        self, origin: _Origin, loop: asyncio.AbstractEventLoop, limits: WorkerLimits
     ) -> None:
         self._origin = origin
         self._loop = loop
-        self._read_timeout_s = read_timeout_s
+        self._lim = limits
         self._parser = HttpResponseParser(self)
         self._timer: asyncio.TimerHandle | None = None
         self._waiter: asyncio.Future[None] | None = None
@@ -189,7 +212,17 @@ class _Conn(asyncio.Protocol):
         self._framed = False
         self._head_only = False
         self._keep = False
-        self._last_read = 0.0
+        self._last_read = 0.0  # a stream's body: when its last line ended (the idle clock)
+        self._deadline = INF  # the fixed deadline: a whole answer's, or a stream head's
+        self._stream = False  # the request streams: its body runs on the idle clock
+        self._cap = _NO_LIMIT  # the most body bytes buffered (``limit_whole``)
+        self._head_bytes = 0  # bytes fed while the head (and any 1xx before it) was not done
+        self._hsize = 0  # the head's header bytes, exactly (1xx heads included)
+        self._nheaders = 0
+        self._interim = 0
+        self._declared = -1  # Content-Length, when given
+        self._encoding = b""  # a Content-Encoding other than identity
+        self.broke: UpstreamFailure | None = None  # the limit a parser callback found crossed
         self.state = _IDLE
         self.status = 0
         self.headers: list[tuple[str, str]] = []
@@ -215,12 +248,18 @@ class _Conn(asyncio.Protocol):
                 self.transport.close()
             return
         self.got_bytes = True
-        self._last_read = self._loop.time()
+        head = self.state == _HEAD
+        if head:
+            self._head_bytes += len(data)
         try:
             self._parser.feed_data(data)
         except (HttpParserError, HttpParserUpgrade):
-            self.fail(UpstreamFailure("worker sent an invalid response", sent=True))
+            # after a complete response (surplus bytes): the answer stands, the reader wakes
+            self.fail(self.broke or UpstreamFailure("worker sent an invalid response", sent=True))
+            self._wake()
             return
+        if head and self.state == _HEAD and self._head_bytes > self._lim.max_head_bytes:
+            self.fail(self._head_over())  # every byte so far was head: the head alone is over
         self._wake()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -240,16 +279,27 @@ class _Conn(asyncio.Protocol):
     # ---- parser callbacks -----------------------------------------------------------------
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self.state != _HEAD:
+            return  # a response nobody asked for, after the one that was: never kept
+        self._nheaders += 1
+        self._hsize += len(name) + len(value) + 4
+        if self._hsize > self._lim.max_head_bytes:
+            self._stop(self._head_over())
+        if self._nheaders > self._lim.max_headers:
+            n = self._lim.max_headers
+            self._stop(over("upstream_max_headers", f"worker sent over {n} response headers"))
         low = name.lower()
-        if low in _DROP:
-            if low == b"content-length" or (
-                low == b"transfer-encoding" and b"chunked" in value.lower()
-            ):
-                self._framed = True
-            return
-        if low == b"content-type":
-            self.ctype = value.decode("latin-1")
-        self.headers.append((name.decode("latin-1"), value.decode("latin-1")))
+        if low == b"content-length":
+            self._framed = True
+            self._declared = int(value) if value.strip().isdigit() else -1
+        elif low == b"transfer-encoding":
+            self._framed = self._framed or b"chunked" in value.lower()
+        elif low == b"content-encoding" and value.strip().lower() != b"identity":
+            self._encoding = value.strip()[:32]
+        elif low in _KEEP:
+            if low == b"content-type":
+                self.ctype = value.decode("latin-1")
+            self.headers.append((low.decode("latin-1"), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
         if self.state != _HEAD:
@@ -257,12 +307,25 @@ class _Conn(asyncio.Protocol):
             return
         status = self._parser.get_status_code()
         if status < 200:  # an interim response (103 Early Hints): the real one follows
+            self._interim += 1
+            if self._interim > self._lim.max_interim:
+                n = self._lim.max_interim
+                self._stop(over("upstream_max_interim", f"worker sent over {n} 1xx responses"))
             self.headers = []
             self.ctype = ""
             self._framed = False
+            self._encoding = b""
             return
+        if self._encoding and not self._head_only:
+            enc = self._encoding.decode("latin-1")
+            what = f"worker sent a `{enc}`-encoded answer (the gateway asks for identity)"
+            self._stop(over("content-encoding", what))
         self.status = status
         self.state = _BODY
+        if self._stream:  # the head is in: from now on the idle clock, between lines
+            self._deadline = INF
+            self._last_read = self._loop.time()
+            self._arm(self._last_read + self._lim.idle_s)
         if self._head_only:
             # llhttp cannot be told the request was HEAD, so it would wait for the body that
             # Content-Length announces: end the response here and parse the next on a new parser.
@@ -274,7 +337,11 @@ class _Conn(asyncio.Protocol):
             return
         self._chunks.append(body)
         self._buffered += len(body)
+        if self._stream and b"\n" in body:
+            self._last_read = self._loop.time()  # a line ended: the stream is moving
         if self._buffered > self._limit and not self._paused:
+            if self._buffered > self._cap:
+                self._stop(self._over_body())
             self._paused = True
             self.transport.pause_reading()
 
@@ -284,23 +351,31 @@ class _Conn(asyncio.Protocol):
 
     # ---- used by the pool and the response ------------------------------------------------
 
-    def send(self, data: bytes, head_only: bool) -> None:
+    def send(self, data: bytes, head_only: bool, stream: bool) -> None:
         """Start one exchange: reset the response state, write the request.
 
-        The read deadline runs from now: a timer left from an earlier request fires first and
-        moves itself to the deadline (see :meth:`_check_timeout`)."""
+        The deadline runs from now: a whole answer's total deadline, or a stream head's (then
+        the idle clock, from ``on_headers_complete``). A timer left from an earlier request
+        that fires first moves itself to the deadline (see :meth:`_check_timeout`)."""
         self.state = _HEAD
         self.status = 0
         self.headers = []
         self.ctype = ""
         self.exc = None
+        self.broke = None
         self.got_bytes = False
         self._framed = False
         self._head_only = head_only
+        self._stream = stream
         self._limit = _PAUSE_AT
+        self._cap = _NO_LIMIT
+        self._head_bytes = self._hsize = self._nheaders = self._interim = 0
+        self._declared = -1
+        self._encoding = b""
         now = self._last_read = self._loop.time()
-        if self._timer is None:
-            self._timer = self._loop.call_at(now + self._read_timeout_s, self._check_timeout)
+        lim = self._lim
+        self._deadline = now + (lim.idle_s if stream else lim.total_s)
+        self._arm(self._deadline)
         self.transport.write(data)
 
     def wait(self) -> asyncio.Future[None]:
@@ -324,10 +399,13 @@ class _Conn(asyncio.Protocol):
     def has_body(self) -> bool:
         return bool(self._chunks)
 
-    def unlimit(self) -> None:
-        """The whole body is wanted at once: never pause reading for it."""
-        self._limit = _NO_LIMIT
-        if self._paused:
+    def limit_whole(self) -> None:
+        """The whole body is wanted at once: never pause reading for it, but fail the answer
+        once it is over ``max_body_bytes``."""
+        self._limit = self._cap = self._lim.max_body_bytes
+        if self._declared > self._cap or self._buffered > self._cap:
+            self.fail(self._over_body())
+        elif self._paused:
             self._paused = False
             self.transport.resume_reading()
 
@@ -359,6 +437,28 @@ class _Conn(asyncio.Protocol):
 
     # ---- internals ------------------------------------------------------------------------
 
+    def _stop(self, failure: UpstreamFailure) -> None:
+        """In a parser callback: a limit is crossed; ``data_received`` fails the response."""
+        self.broke = failure
+        raise _Over
+
+    def _head_over(self) -> UpstreamFailure:
+        cap = self._lim.max_head_bytes
+        return over("upstream_max_head_bytes", f"worker sent a response head over {cap} bytes")
+
+    def _over_body(self) -> UpstreamFailure:
+        cap = self._lim.max_body_bytes
+        return over("upstream_max_body_bytes", f"worker sent an answer over {cap} bytes")
+
+    def _arm(self, due: float) -> None:
+        """The timer fires at ``due`` at the latest (one already earlier stays)."""
+        timer = self._timer
+        if timer is not None:
+            if timer.when() <= due:
+                return
+            timer.cancel()
+        self._timer = self._loop.call_at(due, self._check_timeout)
+
     def _complete(self, keep: bool) -> None:
         self.state = _DONE  # the read timer stays: it lapses by itself, or serves the next request
         self._keep = keep
@@ -380,13 +480,20 @@ class _Conn(asyncio.Protocol):
         if self.state != _HEAD and self.state != _BODY:
             return
         now = self._loop.time()
-        if self._paused:  # our consumer is behind, not the worker: it gets a fresh period
-            self._last_read = now
-        due = self._last_read + self._read_timeout_s
-        if due - now <= 0.001:
-            self.fail(UpstreamFailure("worker timed out", sent=True))
-        else:
+        due, lim = self._deadline, self._lim
+        if due == INF:  # a stream's body: the idle clock
+            if self._paused:  # our consumer is behind, not the worker: a fresh period
+                self._last_read = now
+            due = self._last_read + lim.idle_s
+        if due - now > 0.001:
             self._timer = self._loop.call_at(due, self._check_timeout)
+        elif self._stream:
+            phase = "its head" if self.state == _HEAD else "a line of its stream"
+            what = f"worker timed out: no {phase} in {lim.idle_s:g} s"
+            self.fail(over("upstream_read_timeout_s", what))
+        else:
+            what = f"worker timed out: no whole answer in {lim.total_s:g} s"
+            self.fail(over("upstream_total_timeout_s", what))
 
 
 class Http1Response:
@@ -419,7 +526,7 @@ class Http1Response:
         if self._body is not None:
             return self._body
         conn = self._attached()
-        conn.unlimit()
+        conn.limit_whole()
         try:
             while conn.state == _BODY:
                 await conn.wait()
@@ -490,9 +597,9 @@ class Http1Pool:
     __slots__ = (
         "_connect_timeout_s",
         "_idle_keepalive_s",
+        "_limits",
         "_max_idle",
         "_origins",
-        "_read_timeout_s",
         "_tls",
     )
 
@@ -502,18 +609,28 @@ class Http1Pool:
         read_timeout_s: float = 600.0,
         idle_keepalive_s: float = 4.0,
         max_idle_per_origin: int = 256,
+        limits: WorkerLimits | None = None,
     ) -> None:
+        """Without ``limits``, ``read_timeout_s`` is both deadlines, the defaults the rest."""
         self._connect_timeout_s = connect_timeout_s
-        self._read_timeout_s = read_timeout_s
+        if limits is None:
+            limits = WorkerLimits(idle_s=read_timeout_s, total_s=read_timeout_s)
+        self._limits = limits
         self._idle_keepalive_s = idle_keepalive_s
         self._max_idle = max_idle_per_origin
         self._origins: dict[str, _Origin] = {}
         self._tls: ssl.SSLContext | None = None
 
     async def open(
-        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str] | bytes
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        headers: Mapping[str, str] | bytes,
+        stream: bool = False,
     ) -> Http1Response:
-        """Send a request; return once the status and headers are in."""
+        """Send a request; return once the status and headers are in. ``stream``: the answer
+        is read as it comes (the idle deadline), not whole (the total deadline)."""
         key, target = _split(url)
         origin = self._origins.get(key)
         if origin is None:
@@ -534,7 +651,7 @@ class Http1Pool:
                         raise _died() from None
                     raise
             try:
-                conn.send(data, head_only)
+                conn.send(data, head_only, stream)
                 while conn.state == _HEAD:
                     await conn.wait()
             except BaseException:
@@ -569,7 +686,7 @@ class Http1Pool:
 
     async def _connect(self, origin: _Origin) -> _Conn:
         loop = asyncio.get_running_loop()
-        factory = functools.partial(_Conn, origin, loop, self._read_timeout_s)
+        factory = functools.partial(_Conn, origin, loop, self._limits)
         try:
             async with asyncio.timeout(self._connect_timeout_s):
                 _, conn = await loop.create_connection(
@@ -615,7 +732,9 @@ def _request(
             fields = text.encode("latin-1")
         except UnicodeEncodeError:
             fields = text.encode()
-    start = f"{method} {target} HTTP/1.1\r\nHost: {authority}\r\n".encode()
+    # identity: no transform (or usage reader) ever sees compressed bytes; anything else is refused
+    line = f"{method} {target} HTTP/1.1\r\nHost: {authority}\r\naccept-encoding: identity\r\n"
+    start = line.encode()
     if body is None:
         return b"%b%b\r\n" % (start, fields)
     return b"%b%bcontent-length: %d\r\n\r\n%b" % (start, fields, len(body), body)
