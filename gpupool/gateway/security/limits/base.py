@@ -24,6 +24,15 @@ from typing import Protocol
 from gpupool.config.models import ApiKey
 
 WINDOW_S = 60.0
+MAX_TOKENS = 1 << 40  # the most tokens one charge may hold: a store's arithmetic stays exact
+
+
+def tokens_of(n: object) -> int:
+    """A token count as a store keeps it, whatever it was given: an integer in
+    ``[0, MAX_TOKENS]`` (a negative, a non-number or NaN is 0; a float is truncated)."""
+    if isinstance(n, bool) or not isinstance(n, int | float) or n != n or n <= 0:
+        return 0
+    return int(min(n, MAX_TOKENS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +57,7 @@ class Policy:
         A reservation above ``tpm`` is clamped to it, so such a request waits for an empty
         budget instead of being refused for ever; its real usage is charged when it ends.
         """
-        return min(max(reserve_tokens, 0), self.tpm)
+        return min(tokens_of(reserve_tokens), self.tpm)
 
 
 class Limit(StrEnum):

@@ -11,7 +11,14 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpupool.gateway.security.limits.base import WINDOW_S, Limit, Policy, Refusal, Usage
+from gpupool.gateway.security.limits.base import (
+    WINDOW_S,
+    Limit,
+    Policy,
+    Refusal,
+    Usage,
+    tokens_of,
+)
 
 
 @dataclass(slots=True)
@@ -36,6 +43,7 @@ class MemoryLimits:
         self._keys: dict[str, _Key] = {}
 
     async def take(self, name: str, policy: Policy, hold_id: str, charge: int) -> Refusal | None:
+        charge = tokens_of(charge)
         key = self._keys.setdefault(name, _Key())
         if hold_id in key.holds:
             return None
@@ -61,6 +69,7 @@ class MemoryLimits:
         key.holds.pop(hold_id, None)
         if used is None or not policy.tpm:
             return
+        charge, used = tokens_of(charge), tokens_of(used)
         now = self._clock()
         self._expire(key, now)
         entry = key.tokens.get(hold_id)

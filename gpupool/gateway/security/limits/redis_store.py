@@ -31,11 +31,28 @@ from gpupool.gateway.admission.connection import (
     StoreUnavailable,
     redis_client,
 )
-from gpupool.gateway.security.limits.base import WINDOW_S, Limit, Policy, Refusal, Usage
+from gpupool.gateway.security.limits.base import (
+    MAX_TOKENS,
+    WINDOW_S,
+    Limit,
+    Policy,
+    Refusal,
+    Usage,
+    tokens_of,
+)
 
 # ARGV[1] prefix, ARGV[2] key name, ARGV[3] lease TTL (ms); a body's own arguments follow.
+# Token counts go through tok(): whatever a caller passes (1e30, -5, "x", 2.5), an integer in
+# [0, MAX_TOKENS] written as digits, so INCRBY/DECRBY never fail half way through a script.
 _LIB = """
 local P, NAME, TTL = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local function tok(v)
+  local n = tonumber(v)
+  if not n or n ~= n or n <= 0 then return 0 end
+  if n > MAX_TOKENS then n = MAX_TOKENS end
+  return math.floor(n)
+end
+local function digits(n) return string.format('%d', n) end
 local T = redis.call('TIME')
 local NOW = tonumber(T[1]) * 1000 + math.floor(tonumber(T[2]) / 1000)
 local WINDOW = WINDOW_MS
@@ -64,20 +81,21 @@ local function tokens()
     if #old == 0 then break end
     local freed = 0
     for _, a in ipairs(redis.call('HMGET', KTA, unpack(old))) do
-      freed = freed + (tonumber(a) or 0)
+      freed = freed + tok(a)
     end
     redis.call('ZREM', KTL, unpack(old))
     redis.call('HDEL', KTA, unpack(old))
-    if freed ~= 0 then redis.call('DECRBY', KTS, freed) end
+    if freed ~= 0 then redis.call('DECRBY', KTS, digits(freed)) end
   end
   return tonumber(redis.call('GET', KTS)) or 0
 end
 
 local function charge(id, n)
+  n = tok(n)
   local old = tonumber(redis.call('HGET', KTA, id))
   if not old then redis.call('ZADD', KTL, NOW, id) end
-  redis.call('HSET', KTA, id, n)
-  redis.call('INCRBY', KTS, n - (old or 0))
+  redis.call('HSET', KTA, id, digits(n))
+  redis.call('INCRBY', KTS, digits(n - tok(old)))
   for _, k in ipairs({KTL, KTA, KTS}) do redis.call('PEXPIRE', k, WINDOW + 1000) end
 end
 
@@ -87,18 +105,18 @@ local function token_wait(excess)
     local batch = redis.call('ZRANGE', KTL, start, start + 199, 'WITHSCORES')
     if #batch == 0 then break end
     for i = 1, #batch, 2 do
-      freed = freed + (tonumber(redis.call('HGET', KTA, batch[i])) or 0)
+      freed = freed + tok(redis.call('HGET', KTA, batch[i]))
       if freed >= excess then return tonumber(batch[i + 1]) + WINDOW - NOW end
     end
   end
   return WINDOW
 end
-""".replace("WINDOW_MS", str(int(WINDOW_S * 1000)))
+""".replace("WINDOW_MS", str(int(WINDOW_S * 1000))).replace("MAX_TOKENS", str(MAX_TOKENS))
 
 # ARGV[4..8]: rpm, tpm, max_concurrent, hold id, charge. Returns {'ok'} or {limit, wait ms, n}.
 _TAKE = """
 local rpm, tpm, maxc = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local id, want = ARGV[7], tonumber(ARGV[8])
+local id, want = ARGV[7], tok(ARGV[8])
 if redis.call('ZSCORE', KC, id) then return {'ok'} end
 if rpm > 0 and requests() >= rpm then
   local first = redis.call('ZRANGE', KR, 0, 0, 'WITHSCORES')
@@ -111,7 +129,7 @@ end
 local n = holds()
 if maxc > 0 and n >= maxc then return {'concurrent', 1000, n} end
 redis.call('ZADD', KC, NOW + TTL, id)
-redis.call('HSET', KH, id, want)
+redis.call('HSET', KH, id, digits(want))
 redis.call('PEXPIRE', KC, 2 * TTL)
 redis.call('PEXPIRE', KH, 2 * TTL)
 if rpm > 0 then
@@ -124,7 +142,9 @@ return {'ok'}
 
 # ARGV[4..7]: tpm, hold id, charge, used (-1: unknown, the charge stands).
 _GIVE = """
-local tpm, id, want, used = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
+local tpm, id, want = tonumber(ARGV[4]) or 0, ARGV[5], tok(ARGV[6])
+local used = tonumber(ARGV[7]) or -1
+if used >= 0 then used = tok(used) end
 redis.call('ZREM', KC, id)
 redis.call('HDEL', KH, id)
 if tpm <= 0 or used < 0 then return 1 end
@@ -151,7 +171,7 @@ return 1
 _USAGE = """
 local reserved = 0
 local n = holds()
-for _, v in ipairs(redis.call('HVALS', KH)) do reserved = reserved + tonumber(v) end
+for _, v in ipairs(redis.call('HVALS', KH)) do reserved = reserved + tok(v) end
 return {n, reserved, tokens(), requests()}
 """
 
@@ -183,7 +203,7 @@ class RedisLimits:
             raise StoreUnavailable(str(exc)) from exc
 
     async def take(self, name: str, policy: Policy, hold_id: str, charge: int) -> Refusal | None:
-        p = policy
+        p, charge = policy, tokens_of(charge)
         reply = await self._run(self._take, name, p.rpm, p.tpm, p.max_concurrent, hold_id, charge)
         if reply[0] == "ok":
             return None
@@ -192,8 +212,8 @@ class RedisLimits:
     async def give(
         self, name: str, policy: Policy, hold_id: str, charge: int, used: int | None
     ) -> None:
-        used_arg = -1 if used is None else max(used, 0)
-        await self._run(self._give, name, policy.tpm, hold_id, charge, used_arg)
+        used_arg = -1 if used is None else tokens_of(used)
+        await self._run(self._give, name, policy.tpm, hold_id, tokens_of(charge), used_arg)
 
     async def renew(self, holds: list[tuple[str, str]]) -> None:
         """Re-assert these ``(key name, hold id)`` holds for another lease TTL."""
