@@ -70,6 +70,7 @@ class SimApp:
             "/sim/stats": {"GET": (s.sim_stats, None)},
             "/sim/control": {"POST": (s.sim_control, None)},
             "/sim/reset": {"POST": (s.sim_reset, None)},
+            "/reset_prefix_cache": {"POST": (s.reset_prefix_cache, None)},  # vLLM's dev route
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

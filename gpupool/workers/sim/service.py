@@ -201,6 +201,11 @@ class SimService:
         self.knobs.update(changes)
         return _ok(self.knobs.snapshot())
 
+    async def reset_prefix_cache(self, body: bytes, meta: Meta) -> Reply:
+        """vLLM's ``POST /reset_prefix_cache`` (served with ``VLLM_SERVER_DEV_MODE=1``)."""
+        self.engine.cache.clear()
+        return JsonReply(200, b"", None)
+
     async def sim_reset(self, body: bytes, meta: Meta) -> Reply:
         self.engine.reset_stats()
         return _ok(self.engine.stats_payload())
