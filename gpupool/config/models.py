@@ -170,11 +170,58 @@ class WarmupItem(_Strict):
     max_tokens: int = Field(16, gt=0, description="Tokens to generate.")
 
 
+class DiscoverRecord(StrEnum):
+    a = "a"
+    srv = "srv"
+
+
+class DiscoverConfig(_Strict):
+    dns: str = Field(
+        ...,
+        min_length=1,
+        description="Name to resolve: a Compose service, a Kubernetes headless Service "
+        "(`vllm-rtx5090.gpupool.svc.cluster.local`), or an SRV name.",
+    )
+    port: int | None = Field(
+        None, ge=1, le=65535, description="Workers' port for A/AAAA records (SRV carries its own)."
+    )
+    record: DiscoverRecord = Field(
+        DiscoverRecord.a, description="`a`: A and AAAA records with `port`; `srv`: SRV records."
+    )
+    every_s: float = Field(5.0, gt=0, description="Resolve again after this many seconds.")
+    nameservers: list[str] = Field(
+        default_factory=list,
+        description="DNS servers as `ip` or `ip:port` (empty: the system's, /etc/resolv.conf).",
+    )
+    timeout_s: float = Field(
+        2.0, gt=0, description="A lookup slower than this fails; the last good set is kept."
+    )
+    drain_s: float = Field(
+        120.0,
+        ge=0,
+        description="A worker gone from DNS takes no new requests and is removed once its "
+        "running ones finish, or after this long.",
+    )
+    scheme: str = Field("http", pattern=r"^https?$", description="`http` or `https`.")
+
+    @model_validator(mode="after")
+    def _port_for_a(self) -> DiscoverConfig:
+        if self.record is DiscoverRecord.a and self.port is None:
+            raise ValueError("`port` is required with A/AAAA records (record: a)")
+        return self
+
+
 class WorkerConfig(_Strict):
     name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9_.-]+$", description="Worker name.")
     model: str = Field(..., min_length=1, description="A model name from `models`.")
     url: str | None = Field(None, description="An existing vLLM server (unsupervised).")
     launch: LaunchConfig | None = Field(None, description="A vLLM process gpupool supervises.")
+    discover: DiscoverConfig | None = Field(
+        None,
+        description="Workers found by DNS: each address becomes a `url:` worker named "
+        "`<name>@<host>:<port>` with this entry's settings; it joins once its probe passes and "
+        "is drained when it leaves DNS.",
+    )
     max_inflight: int | None = Field(
         None, gt=0, description="Gateway-side concurrency cap (default: max-num-seqs, else 64)."
     )
@@ -194,8 +241,8 @@ class WorkerConfig(_Strict):
 
     @model_validator(mode="after")
     def _one_source(self) -> WorkerConfig:
-        if (self.url is None) == (self.launch is None):
-            raise ValueError("give exactly one of `url` or `launch`")
+        if sum(x is not None for x in (self.url, self.launch, self.discover)) != 1:
+            raise ValueError("give exactly one of `url`, `launch` or `discover`")
         return self
 
 

@@ -204,6 +204,11 @@ class Metrics:
             mw, registry=r,
         )  # fmt: skip
         self.queue_depth = Gauge("gpupool_queue_depth", "Requests waiting.", ["model"], registry=r)
+        self.discovery_failures = Counter(
+            "gpupool_discovery_failures",
+            "Failed DNS lookups of a `discover:` entry (its last good set of workers was kept).",
+            ["entry"], registry=r,
+        )  # fmt: skip
         self.queue_wait = HotHistogram(Histogram(
             "gpupool_queue_wait_seconds", "Time spent waiting for a slot.", ["model"],
             buckets=WAIT_BUCKETS, registry=r,

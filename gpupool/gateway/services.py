@@ -23,6 +23,7 @@ from gpupool.gateway.routing.policy import Router
 from gpupool.gateway.security.limits import KeyLimits
 from gpupool.gateway.upstream.client import UpstreamClient
 from gpupool.ops.sd_file import sd_file_path, sd_targets, write_sd_targets
+from gpupool.workers.discovery import Discovery, DiscoveryHooks
 from gpupool.workers.gpus import discover_gpus
 from gpupool.workers.registry import MediaCaps, Registry, Worker, WorkerState
 from gpupool.workers.remote import RemotePoller
@@ -92,6 +93,7 @@ class Services:
     replica_id: str = field(default_factory=new_replica_id)
     restarts_seen: dict[str, int] = field(default_factory=dict)
     config_path: str | Path | None = None
+    discovery: Discovery | None = None  # workers found by DNS (workers[].discover)
     _sd_writer: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="gpupool-sd")
     )
@@ -101,6 +103,8 @@ class Services:
         await self.admission.start()
         await self.poller.start()
         await self.supervisor.start()
+        if self.discovery is not None:
+            await self.discovery.start()
 
     async def refresh_gauges(self) -> None:
         """Gauges read at scrape time: queue depth, and what workers last reported."""
@@ -141,6 +145,8 @@ class Services:
         return await apply_reload(self, new)
 
     async def close(self) -> None:
+        if self.discovery is not None:
+            await self.discovery.close()
         await self.supervisor.stop()
         await self.poller.close()
         await self.admission.close()
@@ -185,7 +191,7 @@ def build_services(
     config_path: str | Path | None = None,
 ) -> Services:
     registry = Registry()
-    for wc in cfg.workers:
+    for wc in (wc for wc in cfg.workers if wc.discover is None):
         registry.add(make_worker(wc, cfg.model(wc.model), cfg.routing.default_capacity))
     metrics = Metrics()
     server = cfg.server
@@ -215,8 +221,31 @@ def build_services(
         key_limits, replica, config_path=config_path,
     )  # fmt: skip
     registry.on_change(services.on_worker_change)
+    found = [wc for wc in cfg.workers if wc.discover is not None]
+    services.discovery = Discovery(registry, found, _discovery_hooks(services)) if found else None
     for w in registry:
         metrics.restarts.labels(w.model, w.name)  # exported as 0 from the start
         metrics.worker_state(w.model, w.name, w.state.value)
         metrics.capacity.labels(w.model, w.name).set(w.capacity)
     return services
+
+
+def _discovery_hooks(svc: Services) -> DiscoveryHooks:
+    """Discovered workers join and leave as a reload's url: workers do."""
+
+    def make(wc: WorkerConfig) -> Worker:
+        return make_worker(wc, svc.cfg.model(wc.model), svc.cfg.routing.default_capacity)
+
+    async def joined(w: Worker) -> None:
+        svc.metrics.worker_state(w.model, w.name, w.state.value)
+        svc.metrics.capacity.labels(w.model, w.name).set(w.capacity)
+        await svc.poller.check(w)
+
+    def removed(w: Worker) -> None:
+        svc.metrics.forget_worker(w.model, w.name)
+        svc.write_sd_file()
+
+    def failed(entry: str) -> None:
+        svc.metrics.discovery_failures.labels(entry).inc()
+
+    return DiscoveryHooks(make, joined, svc.drain, removed, failed)

@@ -1,0 +1,252 @@
+"""Workers found by DNS: ``workers: [{name, model, discover: {dns, port, every_s}}]``.
+
+Each ``discover:`` entry is resolved every ``every_s`` seconds (A and AAAA records with the
+entry's port, or SRV records with their own ports), as Compose service names and Kubernetes
+headless Services resolve. What the name returns is the entry's set of workers:
+
+- a new address becomes a ``url:`` worker named ``<entry>@<host>:<port>``, in ``starting``: the
+  remote poller probes it like any ``url:`` worker and it takes requests only once the probe
+  passes (``/health`` and ``/v1/models`` listing the model);
+- an address gone from the answer is drained (no new requests, the running ones finish, up to
+  ``drain_s``), then removed;
+- a failed lookup (timeout, SERVFAIL, no server) changes nothing: the last good set stays, the
+  failure is logged and counted (``gpupool_discovery_failures_total``). A name that does not
+  exist (NXDOMAIN) or has no records is an answer, the empty set: a service scaled to zero.
+
+The module owns no worker state: it adds to and removes from the registry through
+:class:`DiscoveryHooks`, which the gateway's services provide. Resolving is dnspython's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+import dns.asyncresolver
+import dns.exception
+import dns.nameserver
+import dns.rdata
+import dns.resolver
+from dns.rdtypes.IN.SRV import SRV
+
+from gpupool.config.models import DiscoverConfig, DiscoverRecord, WorkerConfig
+from gpupool.workers.registry import Registry, Worker, WorkerState
+
+log = logging.getLogger("gpupool.discovery")
+
+
+class DiscoveryError(Exception):
+    """A lookup failed: no answer could be had (the name's records are unknown, not empty)."""
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Target:
+    host: str  # an IP address, or an SRV target name
+    port: int
+
+    def url(self, scheme: str = "http") -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{scheme}://{host}:{self.port}"
+
+    def worker_name(self, entry: str) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{entry}@{host}:{self.port}"
+
+
+class Resolver(Protocol):
+    async def resolve(self, spec: DiscoverConfig) -> set[Target]: ...
+
+
+class DnsResolver:
+    """dnspython's asyncio resolver, one per ``discover:`` entry (its own nameservers)."""
+
+    def __init__(self, spec: DiscoverConfig) -> None:
+        self._resolver = dns.asyncresolver.Resolver(configure=not spec.nameservers)
+        if spec.nameservers:
+            self._resolver.nameservers = [_nameserver(s) for s in spec.nameservers]
+        self._resolver.lifetime = spec.timeout_s
+
+    async def resolve(self, spec: DiscoverConfig) -> set[Target]:
+        if spec.record is DiscoverRecord.srv:
+            return await self._srv(spec.dns)
+        assert spec.port is not None  # the config requires it for A records
+        return {Target(ip, spec.port) for ip in await self._addresses(spec.dns)}
+
+    async def _addresses(self, name: str) -> set[str]:
+        found: set[str] = set()
+        for rdtype in ("A", "AAAA"):
+            found |= {rr.to_text() for rr in await self._query(name, rdtype)}
+        return found
+
+    async def _srv(self, name: str) -> set[Target]:
+        out: set[Target] = set()
+        for rr in await self._query(name, "SRV"):
+            assert isinstance(rr, SRV)
+            host = rr.target.to_text(omit_final_dot=True)
+            for ip in await self._addresses(host) if not _is_ip(host) else {host}:
+                out.add(Target(ip, int(rr.port)))
+        return out
+
+    async def _query(self, name: str, rdtype: str) -> list[dns.rdata.Rdata]:
+        try:
+            answer = await self._resolver.resolve(name, rdtype, search=True)
+        except (dns.resolver.NXDOMAIN, dns.resolver.NoAnswer):
+            return []  # an answer: no such records
+        except dns.exception.DNSException as e:
+            raise DiscoveryError(f"{rdtype} {name}: {type(e).__name__}: {e}") from None
+        return list(answer)
+
+
+def _nameserver(spec: str) -> dns.nameserver.Do53Nameserver:
+    """``ip``, ``ip:port`` or ``[v6]:port`` (config validation leaves the form to here)."""
+    host, port = spec, 53
+    if spec.startswith("["):
+        host, _, rest = spec[1:].partition("]")
+        port = int(rest.lstrip(":") or 53)
+    elif spec.count(":") == 1:
+        host, _, p = spec.partition(":")
+        port = int(p)
+    return dns.nameserver.Do53Nameserver(host, port)
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveryHooks:
+    """What discovery asks of the gateway's services."""
+
+    make: Callable[[WorkerConfig], Worker]  # a registry worker for a url: worker config
+    joined: Callable[[Worker], Awaitable[None]]  # added to the registry: probe it
+    drain: Callable[[Worker, float], Awaitable[None]]  # running requests finish, then stopped
+    removed: Callable[[Worker], None]  # taken out of the registry: forget its series
+    failed: Callable[[str], None]  # a lookup of this entry failed
+
+
+class Discovery:
+    """Keeps each ``discover:`` entry's workers equal to what its name resolves to."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        entries: Iterable[WorkerConfig],
+        hooks: DiscoveryHooks,
+        resolver: Callable[[DiscoverConfig], Resolver] = DnsResolver,
+    ) -> None:
+        self.registry = registry
+        self.hooks = hooks
+        self._make_resolver = resolver
+        self._entries: dict[str, WorkerConfig] = {}
+        self._resolvers: dict[str, Resolver] = {}
+        self._loops: dict[str, asyncio.Task[None]] = {}
+        self._draining: dict[str, asyncio.Task[None]] = {}  # worker name -> its drain
+        for wc in entries:
+            self._add_entry(wc)
+
+    def _add_entry(self, wc: WorkerConfig) -> None:
+        assert wc.discover is not None
+        self._entries[wc.name] = wc
+        self._resolvers[wc.name] = self._make_resolver(wc.discover)
+
+    async def start(self) -> None:
+        """One lookup of every entry (the gateway starts knowing its workers), then the loops."""
+        await asyncio.gather(*(self.refresh(name) for name in self._entries))
+        for name in self._entries:
+            self._loops[name] = asyncio.create_task(self._loop(name))
+
+    async def _loop(self, name: str) -> None:
+        while True:
+            spec = self._entries[name].discover
+            assert spec is not None
+            await asyncio.sleep(spec.every_s)
+            await self.refresh(name)
+
+    def workers(self, entry: str) -> list[Worker]:
+        """The registry's workers that ``entry`` found (draining ones included)."""
+        wc = self._entries[entry]
+        prefix = f"{entry}@"
+        return [w for w in self.registry.of_model(wc.model) if w.name.startswith(prefix)]
+
+    async def refresh(self, entry: str) -> None:
+        """Resolve ``entry`` once and bring its workers in line with the answer."""
+        wc = self._entries[entry]
+        spec = wc.discover
+        assert spec is not None
+        try:
+            found = await self._resolvers[entry].resolve(spec)
+        except DiscoveryError as e:
+            log.warning("discover %s: lookup failed, keeping %d workers: %s",
+                        entry, len(self.workers(entry)), e)  # fmt: skip
+            self.hooks.failed(entry)
+            return
+        wanted = {t.worker_name(entry): t for t in found}
+        have = {w.name: w for w in self.workers(entry)}
+        for name in sorted(set(wanted) - set(have)):
+            await self._join(wc, name, wanted[name].url(spec.scheme))
+        for name in sorted(set(have) - set(wanted)):
+            if name not in self._draining:
+                self._draining[name] = asyncio.create_task(self._retire(have[name], spec.drain_s))
+
+    async def _join(self, wc: WorkerConfig, name: str, url: str) -> None:
+        worker = self.hooks.make(wc.model_copy(update={"name": name, "url": url, "discover": None}))
+        self.registry.add(worker)
+        log.info("discover %s: %s joins (%s), probing", wc.name, name, url)
+        await self.hooks.joined(worker)
+
+    async def _retire(self, worker: Worker, drain_s: float) -> None:
+        try:
+            log.info("discover: %s left DNS, draining", worker.name)
+            if worker.state is not WorkerState.stopped:
+                await self.hooks.drain(worker, drain_s)
+            if self.registry.get(worker.name) is worker:
+                self.registry.remove(worker.name)
+                self.hooks.removed(worker)
+            log.info("discover: %s removed", worker.name)
+        finally:
+            self._draining.pop(worker.name, None)
+
+    async def replace(self, entries: Iterable[WorkerConfig]) -> None:
+        """Config reload: entries gone or changed stop (their workers drained and removed),
+        new and changed ones start; unchanged ones keep their loops and workers."""
+        fresh = {wc.name: wc for wc in entries}
+        stale = [n for n, wc in self._entries.items() if fresh.get(n) != wc]
+        for name in stale:
+            await self._stop_loop(name)
+            retiring = [w for w in self.workers(name) if w.name not in self._draining]
+            spec = self._entries.pop(name).discover
+            assert spec is not None
+            for w in retiring:
+                self._draining[w.name] = asyncio.create_task(self._retire(w, spec.drain_s))
+            self._resolvers.pop(name, None)
+        for name, wc in fresh.items():
+            if name not in self._entries:
+                self._add_entry(wc)
+                await self.refresh(name)
+                self._loops[name] = asyncio.create_task(self._loop(name))
+
+    async def _stop_loop(self, name: str) -> None:
+        task = self._loops.pop(name, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def close(self) -> None:
+        for name in list(self._loops):
+            await self._stop_loop(name)
+        drains = list(self._draining.values())
+        for task in drains:
+            task.cancel()
+        for task in drains:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
