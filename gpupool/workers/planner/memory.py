@@ -2,7 +2,8 @@
 
 How vLLM spends a GPU (v1 worker, ``determine_available_memory``)::
 
-    total ─┬─ total x gpu-memory-utilization  (the budget vLLM sizes itself to)
+    total ── what CUDA reports: NVML's total less what the driver keeps (H200: 139.8 of 140.4 GiB)
+           ├─ CUDA total x gpu-memory-utilization  (the budget vLLM sizes itself to)
            │   ├─ weights
            │   ├─ overhead: peak activations of a max-num-batched-tokens forward pass,
            │   │            the sampler run over max-num-seqs rows, CUDA graphs,
@@ -12,6 +13,21 @@ How vLLM spends a GPU (v1 worker, ``determine_available_memory``)::
            └─ outside the budget: the CUDA context (taken before vLLM's baseline snapshot) and
               anything allocated later outside PyTorch's pool, such as Triton's autotuner
               benchmarking buffers on the first request (seed 000).
+
+vLLM 0.26.0 sizes two kinds of model differently (its H200 logs: ``Actual usage is W GiB for
+weight, A GiB for peak activation, N GiB for non-torch memory, and C GiB for CUDAGraph memory``):
+
+- plain decoders (dense, full or local attention) run on ``model_runner.py``: the profile run's
+  peak is the forward pass plus the logits of max-num-seqs rows (bf16 and an fp32 copy, 6 bytes a
+  logit); CUDA graphs are captured after the KV cache is sized, outside the budget (0.16 GiB at
+  21 sequences, 0.40 GiB at 128 for an 8B). Measured: 0.84 GiB peak, 0.22 GiB non-torch for a
+  Qwen3-8B-like model; a Llama-3.1-8B-like one at 1,024 sequences fits 6 bytes a logit.
+- MoE and Gated DeltaNet hybrids run on ``gpu_model_runner.py``: the sampler's pass over
+  max-num-seqs rows costs bf16 logits, an fp32 copy and fp32 probabilities (10 bytes a logit),
+  and CUDA graph memory is profiled and kept out of the KV cache. That grows with the largest
+  captured batch, ``min(2 x max-num-seqs, 512)``: 0.12 GiB logged at 16 for a hybrid, and a
+  Qwen3-30B-A3B-like MoE at 20 and at 1,024 sequences (67.74 and 65.38 GiB of KV cache) fits
+  0.2 GiB + 2 MiB per captured batch slot.
 
 Overhead is an estimate, and two bases are offered:
 
@@ -38,16 +54,28 @@ from gpupool.workers.planner.quant import Precision, QuantScheme
 MiB = 1 << 20
 GiB = 1 << 30
 
+CUDA_RESERVED_BYTES = 616 * MiB
+"""NVML's total less what CUDA reports as total, which vLLM's budget is a fraction of (H200:
+143,771 MiB against 139.8 GiB)."""
 CUDA_CONTEXT_BYTES = 512 * MiB
 """CUDA context + kernels loaded lazily; outside vLLM's budget (typ. 0.3-0.8 GiB per process)."""
-CUDA_GRAPH_BYTES = 512 * MiB
-"""Captured CUDA graphs (vLLM logs 0.2-1.5 GiB); 0 with --enforce-eager."""
+GRAPH_BASE_BYTES = 200 * MiB
+GRAPH_BYTES_PER_SLOT = 2 * MiB
+"""CUDA graph memory the MoE/hybrid runner profiles and keeps out of the KV cache: a base and
+so much per slot of the largest captured batch (fitted on the H200, vLLM 0.26.0)."""
+PLAIN_GRAPH_BASE_BYTES = 115 * MiB
+PLAIN_GRAPH_BYTES_PER_SLOT = round(1.1 * MiB)
+"""A plain decoder's CUDA graphs, captured after sizing (8B: 0.16 GiB at 42 slots, 0.40 at 256)."""
+MAX_CAPTURE = 512
+"""vLLM's largest captured batch is ``min(2 x max-num-seqs, 512)``."""
 NON_TORCH_BYTES = 256 * MiB
 """cuBLAS/cuDNN workspaces and allocator slack that vLLM counts as non-torch memory."""
 NCCL_BYTES = 512 * MiB
 """NCCL and custom all-reduce buffers, only when tensor-parallel-size > 1."""
-SAMPLER_BYTES_PER_LOGIT = 10
-"""Sampler profiling over max-num-seqs rows: bf16 logits, an fp32 copy and fp32 probabilities."""
+LOGIT_BYTES_PLAIN = 6
+"""Profile-run logits of a plain decoder over max-num-seqs rows: bf16 and an fp32 copy."""
+LOGIT_BYTES_SAMPLER = 10
+"""The same on the MoE/hybrid runner's sampler: bf16 logits, an fp32 copy, fp32 probabilities."""
 GDN_CHUNK = 64
 """Gated DeltaNet chunked prefill keeps one fp32 state per head per 64-token chunk."""
 BACKEND_WORKSPACE_BYTES: Mapping[str, int] = {"flashinfer_b12x": round(11.47 * GiB)}
@@ -135,6 +163,7 @@ class Overhead:
     non_torch: int = 0
     backend_workspace: int = 0
     rule_of_thumb: int = 0
+    graphs_after_sizing: int = 0  # captured once the KV cache is sized: outside the budget
 
     @property
     def total(self) -> int:
@@ -158,21 +187,45 @@ class OverheadInputs:
     fraction: float | None = None  # seed 001's rule instead of the estimate
 
 
+def cuda_visible_bytes(nvml_total: int) -> int:
+    """The total CUDA reports for a card NVML says has ``nvml_total`` bytes."""
+    return max(0, nvml_total - CUDA_RESERVED_BYTES)
+
+
+def profiles_graphs(spec: ModelSpec) -> bool:
+    """Whether vLLM 0.26.0 runs ``spec`` on the runner that profiles CUDA graphs into its budget
+    (MoE and Gated DeltaNet hybrids), rather than capturing them after sizing (plain decoders)."""
+    return spec.moe is not None or spec.is_hybrid
+
+
 def estimate_overhead(spec: ModelSpec, weights: int, inputs: OverheadInputs) -> Overhead:
     workspace = BACKEND_WORKSPACE_BYTES.get(inputs.moe_backend or "", 0)
+    profiled = profiles_graphs(spec)
     if inputs.fraction is not None:
         rule = round(inputs.fraction * weights)
         return Overhead(
             f"{inputs.fraction:.0%} of weights", backend_workspace=workspace, rule_of_thumb=rule
         )
+    logit = LOGIT_BYTES_SAMPLER if profiled else LOGIT_BYTES_PLAIN
     return Overhead(
         "estimate",
         activations=activation_bytes(spec, inputs.max_num_batched_tokens, inputs.tp),
-        sampler=inputs.max_num_seqs * spec.vocab_size * SAMPLER_BYTES_PER_LOGIT,
-        cuda_graphs=0 if inputs.enforce_eager else CUDA_GRAPH_BYTES,
+        sampler=inputs.max_num_seqs * spec.vocab_size * logit,
+        cuda_graphs=graph_bytes(inputs, moe=spec.moe is not None) if profiled else 0,
         non_torch=NON_TORCH_BYTES + (NCCL_BYTES if inputs.tp > 1 else 0),
         backend_workspace=workspace,
+        graphs_after_sizing=0 if profiled else graph_bytes(inputs, plain=True),
     )
+
+
+def graph_bytes(inputs: OverheadInputs, *, plain: bool = False, moe: bool = False) -> int:
+    """CUDA graph memory for the largest captured batch (0 with --enforce-eager)."""
+    if inputs.enforce_eager:
+        return 0
+    slots = min(2 * inputs.max_num_seqs, MAX_CAPTURE)
+    if plain:
+        return PLAIN_GRAPH_BASE_BYTES + slots * PLAIN_GRAPH_BYTES_PER_SLOT
+    return GRAPH_BASE_BYTES + (slots * GRAPH_BYTES_PER_SLOT if moe else 0)
 
 
 def activation_bytes(spec: ModelSpec, tokens: int, tp: int) -> int:
@@ -180,10 +233,13 @@ def activation_bytes(spec: ModelSpec, tokens: int, tp: int) -> int:
 
     bf16 residual, normed input, attention output and projections (~4 x hidden per token) plus
     the SwiGLU intermediate (gate+up and the product: 3 x width / TP), where width is the dense
-    intermediate size or, for MoE, top-k x expert size + shared expert size; plus the fp32
-    per-chunk Gated DeltaNet states of chunked prefill.
+    intermediate size or, for MoE, top-k x expert size + shared expert size; for MoE also the
+    fused kernel's per-expert outputs before they are summed (top-k x hidden, its third cache);
+    plus the fp32 per-chunk Gated DeltaNet states of chunked prefill.
     """
     per_token = 2 * (4 * spec.hidden_size + 3 * _ffn_width(spec) // tp)
+    if spec.moe is not None:
+        per_token += 2 * spec.moe.experts_per_token * spec.hidden_size
     gdn = 0
     if spec.linear is not None and spec.linear_attention_layers:
         lin = spec.linear

@@ -1,7 +1,9 @@
 """Read a Hugging Face ``config.json`` into a typed :class:`ModelSpec`.
 
 Handles dense and MoE decoders, hybrid linear/full attention (Qwen3-Next and Qwen3.5/3.6:
-``layer_types`` or ``full_attention_interval``, Gated DeltaNet ``linear_*`` fields) and
+``layer_types`` or ``full_attention_interval``, Gated DeltaNet ``linear_*`` fields), local
+attention layers (sliding windows: Gemma 2/3, Mistral-style ``sliding_window``, gpt-oss's
+alternating ``layer_types``, Qwen's ``use_sliding_window``; Llama 4's chunked attention) and
 vision-language configs, whose language model sits in a nested ``text_config`` (fields missing
 there fall back to the top level, where VL configs keep ``tie_word_embeddings`` and
 ``quantization_config``).
@@ -23,7 +25,14 @@ from gpupool.workers.planner.errors import ModelConfigError
 
 class LayerKind(StrEnum):
     full_attention = "full_attention"
+    sliding_attention = "sliding_attention"  # keeps the last ``sliding_window`` tokens
+    chunked_attention = "chunked_attention"  # Llama 4: attends within ``attention_chunk_size``
     linear_attention = "linear_attention"
+
+
+ATTENTION_KINDS = frozenset(
+    {LayerKind.full_attention, LayerKind.sliding_attention, LayerKind.chunked_attention}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +110,8 @@ class ModelSpec:
     mamba_ssm_dtype: str | None
     mtp_layers: int
     quantization_config: Mapping[str, Any] | None
+    sliding_window: int | None = None  # tokens a sliding_attention layer keeps
+    attention_chunk_size: int | None = None  # tokens of a chunked_attention layer's chunk
 
     @property
     def num_layers(self) -> int:
@@ -109,6 +120,19 @@ class ModelSpec:
     @property
     def full_attention_layers(self) -> int:
         return self.layer_kinds.count(LayerKind.full_attention)
+
+    @property
+    def attention_layers(self) -> int:
+        """Layers with a K/V projection and KV cache: full, sliding-window and chunked."""
+        return sum(1 for k in self.layer_kinds if k in ATTENTION_KINDS)
+
+    @property
+    def sliding_attention_layers(self) -> int:
+        return self.layer_kinds.count(LayerKind.sliding_attention)
+
+    @property
+    def chunked_attention_layers(self) -> int:
+        return self.layer_kinds.count(LayerKind.chunked_attention)
 
     @property
     def linear_attention_layers(self) -> int:
@@ -140,6 +164,11 @@ def parse_model_spec(data: Any, *, name: str = "model") -> ModelSpec:
     text = _text_config(data)
     layers = _int(text, "num_hidden_layers", name)
     linear = _linear_spec(text, name)
+    kinds = _layer_kinds(text, layers, has_linear=linear is not None, name=name)
+    window = _opt_int(text, "sliding_window", name)
+    chunk = _opt_int(text, "attention_chunk_size", name)
+    if LayerKind.sliding_attention in kinds and not window:
+        raise ModelConfigError(f"{name}: sliding-window layers but no `sliding_window`")
     return ModelSpec(
         name=name,
         architecture=_first_architecture(data),
@@ -148,7 +177,7 @@ def parse_model_spec(data: Any, *, name: str = "model") -> ModelSpec:
         hidden_size=_int(text, "hidden_size", name),
         vocab_size=_int(text, "vocab_size", name),
         intermediate_size=_opt_int(text, "intermediate_size", name) or 0,
-        layer_kinds=_layer_kinds(text, layers, has_linear=linear is not None, name=name),
+        layer_kinds=kinds,
         attention=_attention_spec(text, name),
         linear=linear,
         moe=_moe_spec(text, name),
@@ -158,6 +187,8 @@ def parse_model_spec(data: Any, *, name: str = "model") -> ModelSpec:
         mamba_ssm_dtype=_opt_str(text, "mamba_ssm_dtype"),
         mtp_layers=_opt_int(text, "mtp_num_hidden_layers", name) or 0,
         quantization_config=_quantization_config(data, text),
+        sliding_window=window if LayerKind.sliding_attention in kinds else None,
+        attention_chunk_size=chunk if LayerKind.chunked_attention in kinds else None,
     )
 
 
@@ -236,14 +267,59 @@ def _layer_kinds(
             LayerKind.full_attention if (i + 1) % interval == 0 else LayerKind.linear_attention
             for i in range(layers)
         )
-    return (LayerKind.full_attention,) * layers
+    return _local_attention_kinds(text, layers, name) or (LayerKind.full_attention,) * layers
+
+
+def _local_attention_kinds(
+    text: Mapping[str, Any], layers: int, name: str
+) -> tuple[LayerKind, ...] | None:
+    """Sliding-window or chunked layers of configs without ``layer_types``, as vLLM reads them.
+
+    Gemma 3: every ``sliding_window_pattern``-th layer is global (default 6); Gemma 2: even
+    layers slide; Qwen2/3 ``use_sliding_window``: layers from ``max_window_layers`` on slide;
+    Mistral-style ``sliding_window`` alone: every layer slides; Llama 4 ``attention_chunk_size``:
+    layers whose ``no_rope_layers`` entry is 1 (default: all but every 4th) are chunked."""
+    chunk = _opt_int(text, "attention_chunk_size", name)
+    if chunk:
+        return _chunked_kinds(text, layers)
+    window = _opt_int(text, "sliding_window", name)
+    model_type = str(text.get("model_type", ""))
+    if not window or text.get("use_sliding_window") is False:
+        return None
+    slide, full = LayerKind.sliding_attention, LayerKind.full_attention
+    if model_type.startswith("gemma3"):
+        pattern = _opt_int(text, "sliding_window_pattern", name) or 6
+        return tuple(full if (i + 1) % pattern == 0 else slide for i in range(layers))
+    if model_type.startswith("gemma2"):
+        return tuple(slide if i % 2 == 0 else full for i in range(layers))
+    if text.get("use_sliding_window"):
+        start = _opt_int(text, "max_window_layers", name) or 0
+        return tuple(slide if i >= start else full for i in range(layers))
+    return (slide,) * layers
+
+
+def _chunked_kinds(text: Mapping[str, Any], layers: int) -> tuple[LayerKind, ...]:
+    rope = text.get("no_rope_layers")
+    if isinstance(rope, list) and len(rope) == layers:
+        flags = [bool(r) for r in rope]
+    else:
+        flags = [(i + 1) % 4 != 0 for i in range(layers)]
+    return tuple(LayerKind.chunked_attention if f else LayerKind.full_attention for f in flags)
+
+
+_KINDS = {
+    "sliding_attention": LayerKind.sliding_attention,
+    "sliding_window": LayerKind.sliding_attention,
+    "local_attention": LayerKind.sliding_attention,
+    "chunked_attention": LayerKind.chunked_attention,
+    "linear_attention": LayerKind.linear_attention,
+    "mamba": LayerKind.linear_attention,
+    "gated_deltanet": LayerKind.linear_attention,
+}
 
 
 def _kind(layer_type: str) -> LayerKind:
-    # Sliding-window and chunked-local layers are planned as full attention: an upper bound.
-    if layer_type in ("linear_attention", "mamba", "gated_deltanet"):
-        return LayerKind.linear_attention
-    return LayerKind.full_attention
+    return _KINDS.get(layer_type, LayerKind.full_attention)
 
 
 def _moe_spec(text: Mapping[str, Any], name: str) -> MoeSpec | None:

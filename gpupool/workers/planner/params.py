@@ -34,7 +34,7 @@ class Component(StrEnum):
 
 def count_params(spec: ModelSpec, *, include_mtp: bool = False) -> dict[Component, int]:
     """Parameters per component (components a model lacks are left out)."""
-    full = spec.full_attention_layers
+    full = spec.attention_layers  # sliding-window and chunked layers have the same weights
     linear = spec.linear_attention_layers
     counts = {
         Component.embed: spec.vocab_size * spec.hidden_size,

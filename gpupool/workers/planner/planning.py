@@ -8,17 +8,19 @@ from gpupool.workers.planner.dtypes import kv_cache_bytes, state_dtype
 from gpupool.workers.planner.errors import PlanArgsError
 from gpupool.workers.planner.kv_layout import (
     DEFAULT_KERNEL_BLOCK,
+    AttentionLayers,
     KvLayout,
+    attention_layout,
     hybrid_layout,
     kv_capacity,
     longest_fitting_len,
-    plain_layout,
 )
 from gpupool.workers.planner.memory import (
     CUDA_CONTEXT_BYTES,
     GiB,
     OverheadInputs,
     attention_bytes_per_token_layer,
+    cuda_visible_bytes,
     estimate_overhead,
     linear_state_bytes_layer,
     model_precision,
@@ -47,7 +49,7 @@ def plan_from_args(spec: ModelSpec, args: PlanArgs) -> Plan:
     weights = weight_bytes(spec, scheme, tp=tp, include_mtp=args.mtp)
     seqs, batched = _limits(args)
     kv_name, kv_bytes = kv_cache_bytes(args.kv_cache_dtype, model_precision(spec).name)
-    layout = kv_layout_for(spec, kv_bytes, args)
+    layout = kv_layout_for(spec, kv_bytes, replace(args, max_num_batched_tokens=batched))
     overhead = estimate_overhead(
         spec,
         weights.total,
@@ -55,7 +57,7 @@ def plan_from_args(spec: ModelSpec, args: PlanArgs) -> Plan:
             tp, batched, seqs, args.enforce_eager, args.moe_backend, args.overhead_fraction
         ),
     )
-    budget = int(args.gpu_memory_bytes * args.gpu_memory_utilization)
+    budget = int(cuda_visible_bytes(args.gpu_memory_bytes) * args.gpu_memory_utilization)
     kv_budget = budget - weights.total - overhead.total
     longest = longest_fitting_len(layout, kv_budget)
     if spec.max_position_embeddings:
@@ -74,13 +76,16 @@ def plan_from_args(spec: ModelSpec, args: PlanArgs) -> Plan:
         overhead=overhead,
         kv_budget_bytes=kv_budget,
         kv_bytes_per_token=attention_bytes_per_token_layer(spec, kv_bytes, tp)
-        * spec.full_attention_layers,
+        * spec.attention_layers,
         linear_state_bytes_per_seq=layout.mamba_page_bytes * spec.linear_attention_layers,
         hybrid=spec.is_hybrid,
         layout=layout,
         capacity=kv_capacity(layout, kv_budget, max_len),
         longest_fitting_len=longest,
-        headroom_bytes=args.gpu_memory_bytes - budget - CUDA_CONTEXT_BYTES,
+        headroom_bytes=cuda_visible_bytes(args.gpu_memory_bytes)
+        - budget
+        - CUDA_CONTEXT_BYTES
+        - overhead.graphs_after_sizing,
     )
     return replace(plan, findings=(*quant_findings, *plan_findings(spec, plan)))
 
@@ -109,7 +114,15 @@ def kv_layout_for(spec: ModelSpec, kv_bytes: float, args: PlanArgs) -> KvLayout:
     per_token = attention_bytes_per_token_layer(spec, kv_bytes, tp)
     align = max(args.block_size or 0, DEFAULT_KERNEL_BLOCK)
     if spec.linear is None or not spec.is_hybrid:
-        return plain_layout(per_token, spec.num_layers, args.block_size or DEFAULT_KERNEL_BLOCK)
+        layers = AttentionLayers(
+            full=spec.full_attention_layers,
+            sliding=spec.sliding_attention_layers,
+            window=spec.sliding_window or 0,
+            chunked=spec.chunked_attention_layers,
+            chunk=spec.attention_chunk_size or 0,
+        )
+        batched = args.max_num_batched_tokens or default_limits(args.gpu_memory_bytes)[1]
+        return attention_layout(per_token, layers, args.block_size or DEFAULT_KERNEL_BLOCK, batched)
     base = model_precision(spec).name
     _, conv = state_dtype(args.mamba_cache_dtype, base)
     ssm_requested = args.mamba_ssm_cache_dtype

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from gpupool.workers.gpus import GpuInfo, cache_key
 from gpupool.workers.planner.findings import Finding, Level
+from gpupool.workers.planner.kv_layout import KvLayout
 from gpupool.workers.planner.memory import GiB, MiB, Overhead
 from gpupool.workers.planner.plan import Plan
 from gpupool.workers.planner.workers import WorkerPlan
@@ -87,6 +88,10 @@ def _kv_dict(plan: Plan) -> dict[str, Any]:
         "group_size": layout.group_size,
         "attention_groups": layout.attention_groups,
         "mamba_groups": layout.mamba_groups,
+        "window_groups": [
+            {"groups": w.groups, "tokens": w.tokens, "kind": "chunked" if w.chunked else "sliding"}
+            for w in layout.windows
+        ],
         "num_blocks": cap.num_blocks,
         "blocks_per_request": cap.blocks_per_request,
         "max_concurrency": round(cap.max_concurrency, 4),
@@ -220,8 +225,9 @@ def _kv_rows(plan: Plan) -> list[tuple[str, str, str]]:
         (
             "block",
             f"{layout.block_size} tokens",
-            f"{how}; {layout.attention_groups + layout.mamba_groups} group(s) of "
-            f"{layout.group_size} layers, {layout.block_bytes / MiB:.1f} MiB per block",
+            f"{how}; {layout.groups} group(s) of "
+            f"{layout.group_size} layers, {layout.block_bytes / MiB:.1f} MiB per block"
+            + _windows_note(layout),
         ),
         ("KV cache", f"{cap.tokens:,} tokens", "as vLLM logs it: concurrency x max-model-len"),
         (
@@ -259,3 +265,13 @@ def worker_plan_renderables(w: WorkerPlan) -> list[RenderableType]:
     if w.findings:
         out.append(findings_text(w.findings))
     return out
+
+
+def _windows_note(layout: KvLayout) -> str:
+    parts = [
+        f"{w.groups} {'chunked' if w.chunked else 'sliding'} ({w.tokens:,}-token "
+        f"{'chunk' if w.chunked else 'window'}: "
+        f"{w.blocks(1 << 30, layout.block_size, layout.batched_tokens)} blocks a sequence at most)"
+        for w in layout.windows
+    ]
+    return "; of them " + ", ".join(parts) if parts else ""

@@ -9,7 +9,13 @@ from __future__ import annotations
 import math
 
 from gpupool.workers.planner.findings import Finding, error, warning
-from gpupool.workers.planner.memory import CUDA_CONTEXT_BYTES, GiB, MiB
+from gpupool.workers.planner.memory import (
+    CUDA_CONTEXT_BYTES,
+    CUDA_RESERVED_BYTES,
+    GiB,
+    MiB,
+    cuda_visible_bytes,
+)
 from gpupool.workers.planner.model_spec import ModelSpec
 from gpupool.workers.planner.plan import Plan
 
@@ -160,7 +166,8 @@ def _triton_warning(plan: Plan) -> Finding:
     util = plan.args.gpu_memory_utilization
     message = (
         f"only {gib(plan.headroom_bytes)} stays outside gpu-memory-utilization {util} "
-        f"({gib(total)} x {1 - util:.2f} - ~{gib(CUDA_CONTEXT_BYTES)} CUDA context); the Triton "
+        f"(({gib(total)} - {gib(CUDA_RESERVED_BYTES)} the driver keeps) x {1 - util:.2f} "
+        f"- ~{gib(CUDA_CONTEXT_BYTES)} CUDA context); the Triton "
         "autotuner of the Gated DeltaNet kernels allocates 4-8 GB outside vLLM's budget on the "
         "first request and runs out of memory (seed 000: ~5.5 GB free failed); "
         + _triton_remedy(plan)
@@ -171,7 +178,7 @@ def _triton_warning(plan: Plan) -> Finding:
 
 
 def _triton_remedy(plan: Plan) -> str:
-    total = plan.args.gpu_memory_bytes
+    total = cuda_visible_bytes(plan.args.gpu_memory_bytes)
     safe = math.floor((1 - (TRITON_AUTOTUNE_HEADROOM + CUDA_CONTEXT_BYTES) / total) * 100) / 100
     kv = int(total * safe) - plan.weights.total - plan.overhead.total
     one = plan.layout.bytes_per_request(plan.max_model_len)

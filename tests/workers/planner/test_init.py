@@ -3,6 +3,7 @@ hand-made one; each file loads, passes `gpupool check` and fits its cards by the
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from gpupool.workers.planner import PlanArgs, plan_args_from_launch, plan_from_a
 from gpupool.workers.planner.cli import PlannerDeps
 from gpupool.workers.planner.resolve import resolve_model
 from tests.procs import ROOT
-from tests.workers.planner.conftest import RTX_5090, RTX_PRO_6000, gpu
+from tests.workers.planner.conftest import H200, RTX_5090, RTX_PRO_6000, gpu
 
 SEED000 = ROOT / "config" / "examples" / "seed000-pro6000-5090.yaml"
 AWQ = "cyankiwi/Qwen3.5-35B-A3B-AWQ-4bit"
@@ -79,7 +80,7 @@ def test_seed000_small_card_flags_match_the_seed_or_are_argued(
     gpu-memory-utilization is the seed's 0.83: with the Triton cache warmed by the big card,
     4.75 GiB outside vLLM's budget (plus the CUDA context) is enough for the shapes the warm-up
     missed. Where gpupool differs it says why in the file, and the planner backs it:
-    - max-num-seqs 3 (seed 2): at 0.83 the fp8 KV cache holds 3.42 sequences of 131072 tokens,
+    - max-num-seqs 3 (seed 2): at 0.83 the fp8 KV cache holds 3.22 sequences of 131072 tokens,
       so a third full-length sequence fits without preemption.
     - quantization and trust-remote-code are left out: vLLM reads compressed-tensors from the
       checkpoint, and Qwen3.5 is native in vLLM 0.17+ (no remote code to trust)."""
@@ -113,7 +114,7 @@ def test_seed000_file_explains_each_choice_and_passes_check(tmp_path: Path) -> N
     r = run_init(tmp_path, "--model", AWQ, "--gpu", "RTX PRO 6000,RTX 5090", "--context", "128K")
     assert r.exit_code == 0, r.output
     text = (tmp_path / "gpupool.yaml").read_text()
-    for why in ("Triton autotuner", "holds 3.42 sequences of 131072 tokens",
+    for why in ("Triton autotuner", "holds 3.22 sequences of 131072 tokens",
                 "raised from vLLM's default 2048 to the hybrid attention block 2096",
                 "fp8 halves the bytes per token", "seed 000's fix", "built-in shape"):  # fmt: skip
         assert why in text, why
@@ -321,3 +322,17 @@ def test_a_local_model_without_linear_attention_needs_no_autotuner_headroom(
     assert all("warmup" not in w and "start_after" not in w["launch"] for w in ws)
     assert all("reasoning-parser" not in w["launch"]["args"] for w in ws)
     assert written(tmp_path)["models"][0]["name"] == "my-llama"
+
+
+def test_sliding_window_model_gets_the_sequences_its_windows_allow(tmp_path: Path) -> None:
+    """Gemma 3's sliding layers keep ~1K tokens each, so a 32K sequence costs ~2.7x less than
+    on full attention: init sets max-num-seqs from the hybrid KV layout (issue 25: planned as
+    full attention it would be about 40 % too low)."""
+    shape = Path(__file__).parents[3] / "scripts" / "gpu_lane" / "shapes" / "gemma-3-12b-like"
+    r = run_init(tmp_path, "--model", str(shape), "--gpu", "H200", "--context", "32K")
+    assert r.exit_code == 0, r.output
+    args = written(tmp_path)["workers"][0]["launch"]["args"]
+    spec = resolve_model(str(shape)).spec
+    plan = plan_from_args(spec, plan_args_from_launch(args, H200))
+    assert plan.layout.window_groups == 5
+    assert args["max-num-seqs"] == math.floor(plan.capacity.max_concurrency) >= 13
