@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+import orjson
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
@@ -19,10 +20,12 @@ from gpupool.gateway.api.responses import write_reply
 from gpupool.gateway.errors import (
     BadRequest,
     GatewayError,
+    InvalidBody,
     NotFound,
     PayloadTooLarge,
     Unauthorized,
 )
+from gpupool.gateway.pipeline.kinds import Errors, Kind
 from gpupool.gateway.reply import JSON, Reply
 
 log = logging.getLogger("gpupool.api")
@@ -30,18 +33,26 @@ log = logging.getLogger("gpupool.api")
 _BY_STATUS: dict[int, type[GatewayError]] = {400: BadRequest, 404: NotFound, 413: PayloadTooLarge}
 
 
-def error_reply(e: GatewayError) -> Reply:
+def error_reply(e: GatewayError, kind: Kind | None = None) -> Reply:
+    """``e`` as the reply of route ``kind`` (vLLM's envelope; the Anthropic routes' own shape
+    for what vLLM's Anthropic handler would refuse, its validator's 400s staying OpenAI's)."""
     headers = [("content-type", JSON), *((k.lower(), v) for k, v in e.headers.items())]
     if isinstance(e, Unauthorized):
         headers.append(("www-authenticate", "Bearer"))
+    if kind is not None and kind.errors is Errors.anthropic and not isinstance(e, InvalidBody):
+        error = {"type": e.type, "message": e.message}
+        return Reply(e.status, headers, orjson.dumps({"type": "error", "error": error}))
     return Reply(e.status, headers, e.to_json())
 
 
 async def reject(
-    e: GatewayError, send: Send, extra: list[tuple[bytes, bytes]] | None = None
+    e: GatewayError,
+    send: Send,
+    extra: list[tuple[bytes, bytes]] | None = None,
+    kind: Kind | None = None,
 ) -> None:
     """Send ``e`` as a whole response straight through ASGI (no framework below us)."""
-    await write_reply(error_reply(e), send, extra or [])
+    await write_reply(error_reply(e, kind), send, extra or [])
 
 
 def render(e: GatewayError) -> Response:

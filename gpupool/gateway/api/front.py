@@ -88,7 +88,7 @@ class Front:
                 raise MethodNotAllowed("Method Not Allowed")
             raw = await _body(self.server, headers, receive)
         except GatewayError as e:
-            await reject(e, send, extra)
+            await reject(e, send, extra, kind)
             return
         incoming = Incoming(rid.decode("latin-1"), headers, principal)
         task = asyncio.current_task()
@@ -116,7 +116,7 @@ class Front:
         """Answer ``lane.error`` now and close the connection (its body is not read)."""
         assert lane.error is not None
         rid = request_id_of(lane.headers) or new_request_id()
-        lane.write_now(error_reply(lane.error), [(b"x-request-id", rid)], close=True)
+        lane.write_now(error_reply(lane.error, lane.kind), [(b"x-request-id", rid)], close=True)
 
     async def serve_lane(self, lane: Lane) -> None:
         """The lane's task: the request from its head and body to its reply's ``after``."""
@@ -126,7 +126,7 @@ class Front:
             current_request_id.set(rid_text)  # the lane's own task: no reset
             extra = [(b"x-request-id", rid)]
             if lane.error is not None:
-                lane.write_now(error_reply(lane.error), extra, close=False)
+                lane.write_now(error_reply(lane.error, lane.kind), extra, close=False)
                 return
             assert lane.kind is not None and lane.task is not None
             incoming = Incoming(rid_text, lane.headers, lane.principal)
@@ -169,7 +169,7 @@ class Front:
             try:
                 reply = await svc.pipeline.handle(kind, incoming, raw)
             except GatewayError as e:
-                await out.write(error_reply(e), extra)
+                await out.write(error_reply(e, kind), extra)
                 return
             except Exception:
                 log.exception("unexpected error on POST %s", kind.path)

@@ -81,6 +81,8 @@ class Dispatcher:
             reason = self._retryable(resp.status, data, worker, ex)
             if reason is None or len(plan.tried) >= self.routing.retries:
                 return data
+            if reason == "context_length" and not self._larger_window(ex):
+                return data  # no window holds it: the worker's own 400, in its route's shape
             await self._retry(ex, reason, worker, failure=reason != "context_length")
 
     def _retryable(self, status: int, data: bytes, worker: Worker, ex: Exchange) -> str | None:
@@ -96,6 +98,16 @@ class Dispatcher:
             )  # fmt: skip
             return "context_length"
         return None
+
+    def _larger_window(self, ex: Exchange) -> bool:
+        """Whether a worker not tried yet may hold the prompt a context-length 400 measured.
+        None may: that 400 is vLLM's answer (not a failure, never a 503: SDKs retry those)."""
+        tried = ex.plan.tried | {ex.worker}
+        try:
+            ranked = self.candidates.of(ex.plan.route, ex.plan.model.name)
+        except GatewayError:  # no window holds it, or no worker is left at all
+            return False
+        return any(w.name not in tried for w in ranked)
 
     async def _retry(
         self, ex: Exchange, reason: str, worker: Worker | None, failure: bool = True

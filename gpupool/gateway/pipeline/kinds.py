@@ -29,6 +29,14 @@ class Shape(StrEnum):
     none = "none"
     chat = "chat"
     responses = "responses"
+    messages = "messages"  # Anthropic's, from vLLM's adapter
+
+
+class Errors(StrEnum):
+    """The shape of the route's error bodies, as vLLM writes them."""
+
+    openai = "openai"  # {"error": {message, type, param, code}}
+    anthropic = "anthropic"  # vLLM's Anthropic adapter: {"type": "error", "error": {type, message}}
 
 
 class Count(StrEnum):
@@ -47,6 +55,8 @@ class Kind:
     count: Count = Count.none
     generates: bool = False  # spends completion tokens: reserved from max_tokens
     usage_option: bool = False  # streams take `stream_options.include_usage` (OpenAI's)
+    errors: Errors = Errors.openai
+    thinking: bool = False  # takes Anthropic's `thinking`: mapped to the template's switch
 
 
 def _generate(chat: bool) -> Reader:
@@ -70,8 +80,10 @@ KINDS: dict[str, Kind] = {
             "/v1/completions", _generate(False), Shape.none, Count.prompt, usage_option=True
         ),
         _generating("/v1/responses", parse_responses, Shape.responses),
-        _generating("/v1/messages", parse_messages),
-        Kind("/v1/messages/count_tokens", parse_model_body),
+        _generating(
+            "/v1/messages", parse_messages, Shape.messages, errors=Errors.anthropic, thinking=True
+        ),
+        Kind("/v1/messages/count_tokens", parse_model_body, errors=Errors.anthropic, thinking=True),
         Kind("/tokenize", parse_model_body),
         Kind("/detokenize", parse_model_body),
         *(Kind(p, parse_model_body) for p in _POOLING),

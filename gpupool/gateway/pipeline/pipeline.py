@@ -42,6 +42,7 @@ from gpupool.gateway.routing.policy import Router, RouteRequest
 from gpupool.gateway.security.limits import NO_HOLD, KeyLimits
 from gpupool.gateway.tokens import exact_count, upper_bound
 from gpupool.gateway.transform.chat import TransformOptions, normalize_request_messages
+from gpupool.gateway.transform.messages import thinking_switch
 from gpupool.gateway.upstream.client import DataPath
 from gpupool.workers.registry import Registry
 
@@ -144,7 +145,8 @@ class Pipeline:
         """The body as the worker must see it; the original bytes when nothing changes.
 
         The model alias becomes the model's name; assistant history in `reasoning_content`
-        is renamed; a body `priority` outside the key's range is clamped; a stream whose
+        is renamed; a body `priority` outside the key's range is clamped; Anthropic's
+        `thinking` sets the chat template's switch (``transform/messages.py``); a stream whose
         tokens the key's budget must count asks the worker for its usage chunk.
         """
         body, changed = req.body, False
@@ -157,6 +159,8 @@ class Pipeline:
         if req.priority is not None and req.priority != ctx.priority:
             body["priority"] = ctx.priority
             changed = True
+        if kind.thinking and model.reasoning is not ReasoningParser.none and "thinking" in body:
+            changed = thinking_switch(body, model.reasoning.value) or changed
         if usage:
             opts = body.get("stream_options")
             body["stream_options"] = {**(opts if isinstance(opts, dict) else {}),
@@ -167,7 +171,7 @@ class Pipeline:
     def _transform(self, kind: Kind, req: Parsed, model: ModelConfig) -> TransformOptions | None:
         if kind.shape is Shape.none:
             return None
-        if kind.shape is Shape.responses:  # reasoning items when the gateway splits
+        if kind.shape in (Shape.responses, Shape.messages):  # split only when the gateway must
             if model.reasoning is ReasoningParser.none:
                 return None
             opts = TransformOptions.from_request(model, req.body)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -31,6 +31,11 @@ from gpupool.gateway.transform.chat import (
     reasoning_token_count,
     transform_chat_response,
 )
+from gpupool.gateway.transform.messages import (
+    MessagesStreamTransformer,
+    budget_refusal,
+    transform_messages_body,
+)
 from gpupool.gateway.transform.responses import (
     ResponsesStreamTransformer,
     transform_responses_body,
@@ -41,6 +46,16 @@ from gpupool.gateway.upstream.client import DataPath, Response, UpstreamFailure
 from gpupool.workers.registry import Registry
 
 _DONE = b"data: [DONE]\n\n"
+_EVENT_SHAPES = (Shape.responses, Shape.messages)  # `event:`/`data:` streams, reshaped whole
+_FINAL = ("response.completed", "response.incomplete")  # a Responses stream's usage
+
+
+class EventTransformer(Protocol):
+    """Reshapes an ``event:``/``data:`` stream (``transform/responses.py``, ``messages.py``)."""
+
+    def feed(self, event_type: str, obj: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]: ...
+
+    def finish(self) -> list[tuple[str, dict[str, Any]]]: ...
 
 
 class Relay:
@@ -100,7 +115,16 @@ class Relay:
             data = await self._finish_body(ex, data)
         elif resp.status == 200:
             ex.usage_body = data  # its usage is read after the client has its answer
+        elif resp.status == 400:
+            data = self._refused(ex, data)
         return Reply(resp.status, self._headers(resp, ex), data, after=ex.aclose)
+
+    @staticmethod
+    def _refused(ex: Exchange, data: bytes) -> bytes:
+        """A worker's 400 for what only the gateway's split made impossible, in its words."""
+        if ex.plan.kind.shape is Shape.messages and ex.plan.transform is not None:
+            return budget_refusal(ex.plan.model.name, data) or data
+        return data
 
     async def _finish_body(self, ex: Exchange, data: bytes) -> bytes:
         """A 200 body the gateway must rewrite (reasoning split or renamed); usage read too."""
@@ -113,6 +137,8 @@ class Relay:
         if not isinstance(obj, dict):
             return data
         ex.note_usage(obj.get("usage"))
+        if ex.plan.kind.shape is Shape.messages:
+            return orjson.dumps(transform_messages_body(obj, opts))
         if ex.plan.kind.shape is Shape.responses:
             return orjson.dumps(await self._finish_response(ex, obj, opts))
         out = transform_chat_response(obj, opts)
@@ -127,10 +153,18 @@ class Relay:
         """A Responses object with the split reasoning as vLLM's ``reasoning`` items, and
         ``usage.output_tokens_details.reasoning_tokens`` counted by the worker's tokenizer."""
         out = transform_responses_body(obj, opts)
+        if out is obj:
+            return out
+        return await self._response_reasoning(ex, out, [t for t in responses_reasoning(out) if t])
+
+    async def _response_reasoning(
+        self, ex: Exchange, out: dict[str, Any], texts: list[str]
+    ) -> dict[str, Any]:
+        """A Responses object with ``usage.output_tokens_details.reasoning_tokens`` counted
+        from ``texts`` by the worker's tokenizer (as it was when the worker cannot count)."""
         usage = out.get("usage")
-        texts = [t for t in responses_reasoning(out) if t]
         worker = self.registry.get(ex.worker)
-        if out is obj or not isinstance(usage, dict) or worker is None or worker.url is None:
+        if not isinstance(usage, dict) or worker is None or worker.url is None:
             return out
         counts = [await self._tokens(worker.url, out.get("model"), t) for t in texts]
         if None not in counts:
@@ -177,6 +211,7 @@ class Relay:
         assert resp is not None
         if data is not None:
             ex.status = str(resp.status)
+            data = self._refused(ex, data) if resp.status == 400 else data
             return Reply(resp.status, self._headers(resp, ex), data, after=ex.aclose)
         return Reply(resp.status, self._headers(resp, ex), stream=self.events(ex), after=ex.aclose)
 
@@ -189,7 +224,7 @@ class Relay:
             self.metrics.ttft.labels(model, ex.worker),
             self.metrics.itl.labels(model, ex.worker),
         )
-        if plan.kind.shape is Shape.responses and plan.transform is not None:
+        if plan.kind.shape in _EVENT_SHAPES and plan.transform is not None:
             async for chunk in self._responses_events(ex, plan.transform):
                 yield chunk
             return
@@ -250,10 +285,15 @@ class Relay:
         return bytes(out)
 
     async def _responses_events(self, ex: Exchange, opts: TransformOptions) -> AsyncIterator[bytes]:
-        """A Responses event stream (``event:``/``data:`` blocks) the gateway splits."""
+        """A Responses or Messages event stream (``event:``/``data:`` blocks) the gateway
+        splits."""
         resp = ex.resp
         assert resp is not None
-        t = ResponsesStreamTransformer(opts)
+        t: EventTransformer = (
+            ResponsesStreamTransformer(opts)
+            if ex.plan.kind.shape is Shape.responses
+            else MessagesStreamTransformer(opts)
+        )
         buf = bytearray()
         try:
             async for chunk in resp.iter_raw():
@@ -266,7 +306,7 @@ class Relay:
                 while (end := buf.find(b"\n\n")) >= 0:
                     block = bytes(buf[:end])
                     del buf[: end + 2]
-                    out += _responses_block(t, block)
+                    out += await self._event_block(ex, t, block)
                 if out:
                     yield bytes(out)
             tail = b"".join(_event(e, o) for e, o in t.finish())
@@ -276,6 +316,22 @@ class Relay:
         except UpstreamFailure as e:
             ex.status = "upstream_error"
             yield stream_error(ex, failure_error(e, "mid-stream"))
+
+    async def _event_block(self, ex: Exchange, t: EventTransformer, block: bytes) -> bytes:
+        """One SSE block through ``t`` (blocks it cannot read pass as is). A Responses stream's
+        final ``response`` counts the reasoning the gateway split, as the whole reply does."""
+        read = _read_block(block)
+        if read is None:
+            return block + b"\n\n"
+        out = bytearray()
+        for event_type, obj in t.feed(*read):
+            response = obj.get("response")
+            if event_type in _FINAL and isinstance(t, ResponsesStreamTransformer) and t.reasoning:
+                texts = ["".join(t.reasoning)]
+                assert isinstance(response, dict)
+                obj = {**obj, "response": await self._response_reasoning(ex, response, texts)}
+            out += _event(event_type, obj)
+        return bytes(out)
 
     @staticmethod
     def _frame(ex: Exchange, obj: dict[str, Any]) -> bytes:
@@ -307,8 +363,8 @@ def _event(event_type: str, obj: dict[str, Any]) -> bytes:
     return b"event: " + event_type.encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
 
 
-def _responses_block(t: ResponsesStreamTransformer, block: bytes) -> bytes:
-    """One SSE block of a Responses stream through ``t`` (blocks it cannot read pass as is)."""
+def _read_block(block: bytes) -> tuple[str, dict[str, Any]] | None:
+    """(event type, object) of one ``event:``/``data:`` SSE block; None when it is not one."""
     event_type, data = None, None
     for line in block.split(b"\n"):
         if line.startswith(b"event:"):
@@ -316,14 +372,12 @@ def _responses_block(t: ResponsesStreamTransformer, block: bytes) -> bytes:
         elif line.startswith(b"data:"):
             data = line[5:].strip()
     if event_type is None or data is None:
-        return block + b"\n\n"
+        return None
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError:
-        return block + b"\n\n"
-    if not isinstance(obj, dict):
-        return block + b"\n\n"
-    return b"".join(_event(e, o) for e, o in t.feed(event_type, obj))
+        return None
+    return (event_type, obj) if isinstance(obj, dict) else None
 
 
 def _usage_of(obj: dict[str, Any]) -> object:

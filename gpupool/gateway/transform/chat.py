@@ -127,7 +127,8 @@ _STRUCTURED_KEYS = ("json", "regex", "choice", "grammar", "json_object", "struct
 
 def has_grammar(body: Mapping[str, Any]) -> bool:
     """Whether a chat, completion or responses request constrains its output with a grammar:
-    ``response_format`` (or the Responses API's ``text.format``) of a JSON type, vLLM's
+    ``response_format`` (or the Responses API's ``text.format``, Anthropic's
+    ``output_config.format``) of a JSON type, vLLM's
     ``structured_outputs``, or its older ``guided_*`` fields. A regex, grammar or choice that
     spells ``</think>`` itself does not count: it writes the reasoning tags, so they split."""
     if _is_grammar_format(body.get("response_format")):
@@ -138,6 +139,9 @@ def has_grammar(body: Mapping[str, Any]) -> bool:
     so = body.get("structured_outputs")
     if isinstance(so, dict) and any(_constrains(so.get(k)) for k in _STRUCTURED_KEYS):
         return True
+    output = body.get("output_config")  # Anthropic's: vLLM makes its schema a json_schema
+    if isinstance(output, dict) and isinstance(output.get("format"), dict):
+        return _constrains(output["format"].get("schema"))
     return any(_constrains(body.get(k)) for k in _GUIDED_KEYS)
 
 
