@@ -363,11 +363,28 @@ class ApiKey(_Strict):
     sha256: str = Field(..., min_length=64, max_length=64, description="Hex SHA-256 of the key.")
     tenant: str | None = Field(None, description="Fairness group; defaults to the name.")
     models: list[str] | None = Field(None, description="Allowed models (None: all).")
-    priority_min: int = Field(-1000, description="Lowest priority this key may ask for.")
-    priority_max: int = Field(1000, description="Highest priority this key may ask for.")
+    priority_min: int = Field(
+        0,
+        description="Most urgent priority this key may ask for (lower is sooner, as vLLM's; "
+        "requests default to 0). The default, 0, lets no key pass other tenants' requests of "
+        "the default priority; give a key a negative `priority_min` to let it. A priority out "
+        "of the key's range is clamped to it.",
+    )
+    priority_max: int = Field(1000, description="Least urgent priority this key may ask for.")
     rpm: int | None = Field(None, gt=0, description="Requests per minute.")
     tpm: int | None = Field(None, gt=0, description="Tokens per minute (prompt + completion).")
     max_concurrent: int | None = Field(None, gt=0, description="Concurrent requests.")
+
+    @model_validator(mode="after")
+    def _priority_range(self) -> ApiKey:
+        if self.priority_min > self.priority_max:
+            raise ValueError("priority_min must not be above priority_max")
+        return self
+
+
+class RevokedStreams(StrEnum):
+    finish = "finish"
+    cut = "cut"
 
 
 class AuthConfig(_Strict):
@@ -381,6 +398,12 @@ class AuthConfig(_Strict):
         ge=0,
         description="Completion tokens reserved against a key's `tpm` for a request without "
         "`max_tokens` (with it: `max_tokens`); settled to the real usage when the request ends.",
+    )
+    revoked_streams: RevokedStreams = Field(
+        RevokedStreams.finish,
+        description="What happens to the running streams of a key that a reload removes: "
+        "`finish` (they run to their end) or `cut` (each ends at its next event with an error "
+        "event). Its queued requests are always refused (401) and new ones get 401.",
     )
 
 

@@ -246,13 +246,45 @@ def parse_messages(raw: bytes, limits: ReadLimits) -> Parsed:
 
 
 def parse_model_body(raw: bytes, limits: ReadLimits) -> Parsed:
-    """Routes that generate nothing (embeddings, pooling, tokenize, token counts): the model
-    decides the worker; ``input`` lists count as sequences."""
+    """Routes that generate nothing (embeddings, pooling, scores, tokenize, token counts): the
+    model decides the worker; every input the worker runs counts as a sequence
+    (``pooled_sequences``) against ``server.max_sequences``."""
     body = load_json(raw, limits.max_depth, limits.max_containers)
+    return Parsed(body, raw, _model(body), sequences=_sequences(1, pooled_sequences(body), limits))
+
+
+# (first, second) fields of vLLM's score and rerank requests: a pair per item of the longer
+_SCORE_PAIRS = (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"),
+                ("text_1", "text_2"))  # fmt: skip
+_BATCHES = ("texts", "images", "inputs")  # Cohere's /v2/embed: one sequence per item
+
+
+def pooled_sequences(body: dict[str, Any]) -> int:
+    """The sequences a pooling, score or rerank request makes the worker run.
+
+    Score and rerank: one per (query, document) pair, vLLM pairing a single query with every
+    document (5,000 documents are 5,000 sequences). Embeddings, classify, pooling: one per
+    ``input`` item (a string or a token list; a chat conversation in ``input`` is one) or per
+    conversation of a batched ``messages``. Cohere's ``/v2/embed``: one per item.
+    """
+    for first, second in _SCORE_PAIRS:
+        if second in body:
+            return max(_items(body.get(first)), _items(body[second]))
+    for name in _BATCHES:
+        value = body.get(name)
+        if isinstance(value, list):
+            return _items(value)
+    messages = body.get("messages")
+    if isinstance(messages, list) and messages and isinstance(messages[0], list):
+        return len(messages)  # batched conversations
     inputs = body.get("input")
-    count = len(inputs) if isinstance(inputs, list) and inputs and not isinstance(
-        inputs[0], int) else 1  # fmt: skip
-    return Parsed(body, raw, _model(body), sequences=_sequences(1, count, limits))
+    if isinstance(inputs, list) and inputs and not isinstance(inputs[0], int | dict):
+        return len(inputs)
+    return 1
+
+
+def _items(value: object) -> int:
+    return len(value) if isinstance(value, list) and value else 1
 
 
 # ---- prefix keys (affinity) ----------------------------------------------------------------
@@ -308,3 +340,12 @@ def _text_of(value: object, depth: int = 0) -> str:
         items = list(value.items())[:8]
         return "{" + ",".join(f"{k}:{_text_of(v, depth + 1)}" for k, v in items) + "}"
     return "[" + ",".join(_text_of(v, depth + 1) for v in value[:8]) + "]"
+
+
+def owned_prefix_key(key: int | None, owner: str | None) -> int | None:
+    """A prefix key that names its owner (the tenant, when caches are isolated:
+    ``tenancy/cache.py``): the same opening from two tenants is two conversations, so affinity
+    never leads one tenant to the worker holding another's prefix."""
+    if key is None or owner is None:
+        return key
+    return hash((owner, key))

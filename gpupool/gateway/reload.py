@@ -1,22 +1,160 @@
-"""Config reload: add, remove and replace changed workers; unchanged ones are untouched."""
+"""Config reload: the whole file is read and checked first, then what may change at run time is
+swapped in one step, then workers are added, removed and replaced.
+
+    POST /admin/reload → reload_config(svc)
+      1. read and validate the file, and the keys file it names: any problem refuses the whole
+         reload (400 naming the file, the field or the line) and nothing changes;
+      2. build everything the new settings need (``build_live``: the keys, the read limits);
+      3. swap it all without an ``await`` in between (``_swap``): a request sees the old
+         settings or the new ones, never a mix; the queued requests of removed keys are refused;
+      4. workers: the changed and removed ones drain and go, new ones start (``_workers``).
+
+Which settings change at run time is one table, :data:`LIVE`; every other field that differs
+is listed in the reply as needing a restart and keeps its old value, so the next reload reports
+it again until the gateway restarts. A section this module does not know (one added later)
+needs a restart as a whole until it is added to the table.
+
+This module depends on ``services`` (never the other way round).
+"""
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Any
 
-from gpupool.config.models import GpupoolConfig
+from pydantic import BaseModel
+
+from gpupool.config import ConfigError, load_config
+from gpupool.config.models import ApiKey, GpupoolConfig
 from gpupool.gateway.catalog import Catalog
-
-if TYPE_CHECKING:
-    from gpupool.gateway.services import Services
+from gpupool.gateway.errors import BadRequest
+from gpupool.gateway.parse import ReadLimits
+from gpupool.gateway.security.keys import KeysFileError, key_name
+from gpupool.gateway.security.middleware import AuthState
+from gpupool.gateway.services import Services, make_worker
 
 DRAIN_ON_RELOAD_S = 60.0
 
+# Section -> the fields a reload applies (None: all of them). ``models`` and ``workers`` are
+# the worker diff's (``_workers``). Everything else needs a restart: the listening socket and
+# its protocol limits (server.host, port, ssl_*, header_*), the upstream client's timeouts, the
+# queue backend and its admission settings, the router's and the health checks' settings.
+LIVE: dict[str, frozenset[str] | None] = {
+    "auth": None,
+    "server": frozenset({"max_json_depth", "max_n", "max_sequences", "max_json_containers"}),
+    "queue": frozenset({"max_wait_s"}),
+    "routing": frozenset({"retries", "exact_count_margin"}),
+}
+_WORKER_SECTIONS = frozenset({"models", "workers"})
 
-async def apply_reload(svc: Services, new: GpupoolConfig) -> dict[str, list[str]]:
-    from gpupool.gateway.services import make_worker
 
+@dataclass(frozen=True, slots=True)
+class Live:
+    """What a reload swaps in, all built before anything changes."""
+
+    cfg: GpupoolConfig  # the new file, its restart-only fields set back to the running values
+    auth: AuthState
+    read_limits: ReadLimits
+    applied: list[str]  # changed fields applied now ("queue.max_wait_s")
+    restart: list[str]  # changed fields only a restart applies
+
+
+async def reload_config(svc: Services) -> dict[str, Any]:
+    """Re-read the config file (and its keys file) and apply it; ``BadRequest`` if invalid."""
+    if svc.config_path is None:
+        raise BadRequest("This gateway was not started from a config file.")
+    try:
+        new = await asyncio.to_thread(load_config, svc.config_path)
+        auth = await asyncio.to_thread(AuthState.build, new.auth)
+    except ConfigError as e:
+        raise BadRequest(f"The new configuration is invalid; nothing changed: {e}") from None
+    except KeysFileError as e:
+        raise BadRequest(f"The keys file is invalid; nothing changed: {e}") from None
+    async with svc.reload_lock:  # one reload at a time: each compares with the last one
+        live = build_live(svc.cfg, new, auth)
+        keys = _key_changes(svc.auth.state, auth)
+        refused = _swap(svc, live, keys["removed_hashes"])
+        workers = await _workers(svc, new)
+    return {
+        "workers": workers,
+        "settings": {"applied": live.applied, "restart_required": live.restart},
+        "keys": {k: v for k, v in keys.items() if k != "removed_hashes"},
+        "queued_refused": refused,
+    }
+
+
+def build_live(old: GpupoolConfig, new: GpupoolConfig, auth: AuthState) -> Live:
+    """The settings to swap in: ``new``'s live fields, ``old``'s values for the rest."""
+    applied: list[str] = []
+    restart: list[str] = []
+    merged = new.model_copy()
+    for section in type(new).model_fields:
+        if section in _WORKER_SECTIONS:
+            continue
+        before, after = getattr(old, section), getattr(new, section)
+        kept = _merge_section(section, before, after, applied, restart)
+        setattr(merged, section, kept)
+    s = merged.server
+    limits = ReadLimits(s.max_json_depth, s.max_n, s.max_sequences, s.max_json_containers)
+    return Live(merged, auth, limits, applied, restart)
+
+
+def _merge_section(
+    section: str, before: Any, after: Any, applied: list[str], restart: list[str]
+) -> Any:
+    """``after`` with the fields a reload cannot apply set back to ``before``'s values; the
+    changed field paths are appended to ``applied`` or ``restart``."""
+    if not isinstance(before, BaseModel) or not isinstance(after, BaseModel):
+        if before != after:
+            (applied if section in LIVE else restart).append(section)
+        return after if section in LIVE else before
+    live = LIVE.get(section, frozenset())
+    kept = after.model_copy()
+    for name in type(after).model_fields:
+        old_value, new_value = getattr(before, name), getattr(after, name)
+        if old_value == new_value:
+            continue
+        if live is None or name in live:
+            applied.append(f"{section}.{name}")
+        else:
+            restart.append(f"{section}.{name}")
+            setattr(kept, name, old_value)
+    return kept
+
+
+def _key_changes(before: AuthState, after: AuthState) -> dict[str, list[str]]:
+    """Client keys added, removed and changed (by name; hashes of removed ones for revoking)."""
+    old, new = before.store.keys, after.store.keys
+    if before.cfg.enabled and not after.cfg.enabled:
+        new = old  # auth turned off: no key is refused
+    removed = sorted(d for d in old if d not in new)
+    return {
+        "added": sorted(key_name(new[d]) for d in new if d not in old),
+        "removed": sorted(key_name(old[d]) for d in removed),
+        "changed": sorted(key_name(new[d]) for d in new if d in old and _differs(old[d], new[d])),
+        "removed_hashes": removed,
+    }
+
+
+def _differs(a: ApiKey, b: ApiKey) -> bool:
+    return a.model_dump() != b.model_dump()
+
+
+def _swap(svc: Services, live: Live, removed: list[str]) -> int:
+    """Every run-time setting at once (no ``await``); returns the queued requests refused."""
+    svc.auth.swap(live.auth)
+    svc.key_limits.default_reserve_tokens = live.cfg.auth.tpm_reserve_tokens
+    svc.pipeline.read_limits = live.read_limits
+    svc.pipeline.dispatcher.routing = live.cfg.routing
+    for section in type(live.cfg).model_fields:
+        if section not in _WORKER_SECTIONS:
+            setattr(svc.cfg, section, getattr(live.cfg, section))
+    return svc.key_requests.revoke(removed)
+
+
+async def _workers(svc: Services, new: GpupoolConfig) -> dict[str, list[str]]:
+    """Add, remove and replace changed workers; unchanged ones are untouched."""
     old = {wc.name: wc for wc in svc.cfg.workers}
     fresh = {wc.name: wc for wc in new.workers}
     removed = [n for n in old if n not in fresh]
@@ -33,7 +171,7 @@ async def apply_reload(svc: Services, new: GpupoolConfig) -> dict[str, list[str]
     svc.catalog = svc.pipeline.catalog = Catalog(new.models)
     for n in (*changed, *added):
         wc = fresh[n]
-        worker = make_worker(wc, new.model(wc.model), new.routing.default_capacity)
+        worker = make_worker(wc, new.model(wc.model), svc.cfg.routing.default_capacity)
         svc.registry.add(worker)
         svc.metrics.worker_state(worker.model, worker.name, worker.state.value)
         if wc.launch is not None:

@@ -11,16 +11,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpupool.config import ConfigError, load_config
 from gpupool.config.models import GpupoolConfig, ModelConfig, WorkerConfig
 from gpupool.gateway.admission.base import Admission
 from gpupool.gateway.admission.factory import build_admission, new_replica_id
 from gpupool.gateway.catalog import Catalog
-from gpupool.gateway.errors import BadRequest
 from gpupool.gateway.metrics import Metrics
 from gpupool.gateway.pipeline.pipeline import Pipeline
 from gpupool.gateway.routing.policy import Router
 from gpupool.gateway.security.limits import KeyLimits
+from gpupool.gateway.security.middleware import Authenticator
+from gpupool.gateway.security.revoke import KeyRequests
 from gpupool.gateway.upstream.client import UpstreamClient
 from gpupool.ops.sd_file import sd_file_path, sd_targets, write_sd_targets
 from gpupool.workers.discovery import Discovery, DiscoveryHooks
@@ -90,6 +90,10 @@ class Services:
     poller: RemotePoller
     supervisor: Supervisor
     key_limits: KeyLimits
+    # who may call (swapped whole by a reload), and the queued requests of each key
+    auth: Authenticator = field(kw_only=True)
+    key_requests: KeyRequests = field(kw_only=True)
+    reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock, kw_only=True)  # reload.py
     replica_id: str = field(default_factory=new_replica_id)
     restarts_seen: dict[str, int] = field(default_factory=dict)
     config_path: str | Path | None = None
@@ -131,18 +135,6 @@ class Services:
             return
         self.registry.transition(worker, WorkerState.starting)
         await self.poller.check(worker)
-
-    async def reload(self) -> dict[str, list[str]]:
-        """Re-read the config file: add, remove and replace changed workers; keep the rest."""
-        if self.config_path is None:
-            raise BadRequest("This gateway was not started from a config file.")
-        try:
-            new = load_config(self.config_path)
-        except ConfigError as e:
-            raise BadRequest(f"The new configuration is invalid: {e}") from None
-        from gpupool.gateway.reload import apply_reload
-
-        return await apply_reload(self, new)
 
     async def close(self) -> None:
         if self.discovery is not None:
@@ -215,10 +207,13 @@ def build_services(
         health_timeout_s=cfg.routing.health_timeout_s, models=cfg.models,
     )  # fmt: skip
     key_limits = KeyLimits.from_config(cfg)
-    pipeline = Pipeline(cfg, registry, catalog, router, admission, client, metrics, key_limits)
+    auth = Authenticator(cfg.auth)
+    key_requests = KeyRequests(auth.knows)
+    pipeline = Pipeline(cfg, registry, catalog, router, admission, client, metrics, key_limits,
+                        key_requests=key_requests)  # fmt: skip
     services = Services(
         cfg, registry, catalog, metrics, client, admission, pipeline, poller, supervisor,
-        key_limits, replica, config_path=config_path,
+        key_limits, replica, config_path=config_path, auth=auth, key_requests=key_requests,
     )  # fmt: skip
     registry.on_change(services.on_worker_change)
     found = [wc for wc in cfg.workers if wc.discover is not None]

@@ -1,7 +1,14 @@
-"""Admin routes: worker status and control, queue status, config reload."""
+"""Admin routes: worker status and control, queue status, config reload.
+
+Query parameters are checked like a client's: a route names the ones it takes and how each is
+read (``_query``); a value that does not parse, is not finite or is out of range, and a name the
+route does not take, get a 400 naming the parameter, never a 500.
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from starlette.requests import Request
@@ -10,9 +17,10 @@ from starlette.types import ASGIApp
 
 from gpupool.gateway.api.endpoint import Endpoint, services
 from gpupool.gateway.api.responses import ReplyResponse
-from gpupool.gateway.errors import BadRequest, NotFound
+from gpupool.gateway.errors import BadRequest, InvalidBody, NotFound
+from gpupool.gateway.reload import reload_config
 from gpupool.gateway.reply import Reply
-from gpupool.gateway.security.keys import all_keys, key_name
+from gpupool.gateway.security.keys import key_name
 from gpupool.workers.registry import Worker
 
 
@@ -39,6 +47,44 @@ def worker_status(w: Worker) -> dict[str, Any]:
     }  # fmt: skip
 
 
+MAX_DRAIN_S = 24 * 3600.0
+Reader = Callable[[str, str], Any]
+
+
+def seconds(maximum: float) -> Reader:
+    """A reader of a finite number of seconds from 0 to ``maximum``."""
+
+    def read(name: str, text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or not 0 <= value <= maximum:
+            raise InvalidBody(
+                f"Query parameter `{name}` must be a number of seconds from 0 to {maximum:g}.",
+                param=name,
+            )
+        return value
+
+    return read
+
+
+def _query(request: Request, readers: Mapping[str, Reader]) -> dict[str, Any]:
+    """The route's query parameters, each read by its reader; 400 for any other name."""
+    values: dict[str, Any] = {}
+    for name, text in request.query_params.multi_items():
+        reader = readers.get(name)
+        if reader is None:
+            known = ", ".join(f"`{n}`" for n in readers) or "none"
+            raise InvalidBody(
+                f"Unknown query parameter `{name}` (this route takes: {known}).", param=name
+            )
+        if name in values:
+            raise InvalidBody(f"Query parameter `{name}` is given twice.", param=name)
+        values[name] = reader(name, text)
+    return values
+
+
 def _worker(request: Request) -> Worker:
     name = request.path_params["name"]
     w = services(request).registry.get(name)
@@ -48,29 +94,33 @@ def _worker(request: Request) -> Worker:
 
 
 async def list_workers(request: Request) -> ASGIApp:
+    _query(request, {})
     svc = services(request)
     data = [worker_status(w) for w in svc.registry]
     return ReplyResponse(Reply.json(200, {"object": "list", "data": data}))
 
 
 async def get_worker(request: Request) -> ASGIApp:
+    _query(request, {})
     return ReplyResponse(Reply.json(200, worker_status(_worker(request))))
 
 
 async def drain(request: Request) -> ASGIApp:
     w, svc = _worker(request), services(request)
-    timeout = float(request.query_params.get("timeout_s", "300"))
+    timeout = _query(request, {"timeout_s": seconds(MAX_DRAIN_S)}).get("timeout_s", 300.0)
     await svc.drain(w, timeout)
     return ReplyResponse(Reply.json(200, worker_status(w)))
 
 
 async def undrain(request: Request) -> ASGIApp:
+    _query(request, {})
     w, svc = _worker(request), services(request)
     await svc.undrain(w)
     return ReplyResponse(Reply.json(200, worker_status(w)))
 
 
 async def restart(request: Request) -> ASGIApp:
+    _query(request, {})
     w, svc = _worker(request), services(request)
     if not w.supervised:
         raise BadRequest(f"Worker `{w.name}` is not launched by gpupool; it cannot be restarted.")
@@ -79,11 +129,14 @@ async def restart(request: Request) -> ASGIApp:
 
 
 async def reload(request: Request) -> ASGIApp:
-    summary = await services(request).reload()
+    """Re-read the whole config (``reload.py``): what changed, and what needs a restart."""
+    _query(request, {})
+    summary = await reload_config(services(request))
     return ReplyResponse(Reply.json(200, summary))
 
 
 async def queue(request: Request) -> ASGIApp:
+    _query(request, {})
     return ReplyResponse(Reply.json(200, await services(request).admission.snapshot()))
 
 
@@ -91,9 +144,10 @@ async def held(request: Request) -> ASGIApp:
     """Everything requests hold right now: in-flight per worker, admission's slots and queue
     depth, and per-key concurrency slots. All zero when no request is in the gateway (the
     fault and hostile-client suites check exactly that after every case)."""
+    _query(request, {})
     svc = services(request)
     snap = await svc.admission.snapshot()
-    names = [key_name(k) for k in all_keys(svc.cfg.auth)]  # the keys file's too
+    names = [key_name(k) for k in svc.auth.store.keys.values()]  # the keys file's too
     keys = {name: await svc.key_limits.in_use(name) for name in names}
     return ReplyResponse(
         Reply.json(

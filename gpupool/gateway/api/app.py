@@ -70,6 +70,7 @@ def create_app(
         if on_services is not None:
             on_services(built)
         app.state.services = front.services = built
+        front.auth = built.auth  # the one a reload swaps (the middleware finds it on the state)
         await built.start()
         # Everything built so far lives as long as the server: move it out of the cyclic
         # collector's sight, so a full collection under load walks only per-request garbage

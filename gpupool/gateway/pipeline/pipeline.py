@@ -21,6 +21,7 @@ from gpupool.config.models import (
     ModelConfig,
     ReasoningField,
     ReasoningParser,
+    RevokedStreams,
 )
 from gpupool.gateway import multimodal
 from gpupool.gateway.admission.base import Admission, Ticket
@@ -35,11 +36,13 @@ from gpupool.gateway.pipeline.dispatch import Dispatcher
 from gpupool.gateway.pipeline.exchange import Context, Exchange, ExchangeDeps, Plan
 from gpupool.gateway.pipeline.kinds import Count, Kind, Shape
 from gpupool.gateway.pipeline.queued import QueuedStream
-from gpupool.gateway.pipeline.relay import Relay
+from gpupool.gateway.pipeline.relay import Relay, stream_error
 from gpupool.gateway.pipeline.slots import Slots
 from gpupool.gateway.reply import SSE, Reply
 from gpupool.gateway.routing.policy import Router, RouteRequest
+from gpupool.gateway.security.keys import Principal
 from gpupool.gateway.security.limits import NO_HOLD, KeyLimits
+from gpupool.gateway.security.revoke import KeyRequests
 from gpupool.gateway.tokens import exact_count, upper_bound
 from gpupool.gateway.transform.chat import TransformOptions, normalize_request_messages
 from gpupool.gateway.transform.messages import thinking_switch
@@ -60,8 +63,12 @@ class Pipeline:
         client: DataPath,
         metrics: Metrics,
         key_limits: KeyLimits,
+        *,
+        key_requests: KeyRequests | None = None,
     ) -> None:
         self.cfg = cfg
+        # a reload that removes a key refuses its queued requests (``security/revoke.py``)
+        self.key_requests = key_requests or KeyRequests(lambda key: True)
         self.registry = registry
         self.catalog = catalog
         self.client = client
@@ -94,21 +101,39 @@ class Pipeline:
         else:
             hold = await self.key_limits.admit(principal, self._reserve(plan, req))
         if plan.stream and ctx.queue_events:
-            queued = QueuedStream(plan, hold, self.slots, self.deps, self.relay)
+            queued = QueuedStream(plan, hold, self.slots, self.deps, self.relay,
+                                  principal, self.key_requests)  # fmt: skip
             return Reply(200, [("content-type", SSE)], stream=queued.events(), after=queued.aclose)
         try:
-            lease = self.slots.take_now(plan.ticket) or await self.slots.take(plan.ticket)
+            lease = self.slots.take_now(plan.ticket)
+            if lease is None:  # it waits: as its key's, refused if a reload removes the key
+                lease = await self.key_requests.wait(principal, self.slots.take(plan.ticket))
         except BaseException:
             await hold.close(0)
             raise
         ex = Exchange(self.deps, plan, lease, hold)
         try:
-            return await (self.relay.stream(ex) if plan.stream else self.relay.whole(ex))
+            if not plan.stream:
+                return await self.relay.whole(ex)
+            return self._cut_when_revoked(await self.relay.stream(ex), ex, principal)
         except BaseException as e:
             if isinstance(e, GatewayError) and ex.status == "cancelled":
                 ex.status = str(e.status)
             await ex.aclose()
             raise
+
+    def _cut_when_revoked(self, reply: Reply, ex: Exchange, principal: Principal | None) -> Reply:
+        """With ``auth.revoked_streams: cut``, a stream whose key a reload removes ends at its
+        next event with the route's error event."""
+        key = principal.key if principal is not None else None
+        if key is None or reply.stream is None:
+            return reply
+        if self.cfg.auth.revoked_streams is not RevokedStreams.cut:
+            return reply
+        reply.stream = self.key_requests.cut_when_revoked(
+            key, reply.stream, lambda e: stream_error(ex, e)
+        )
+        return reply
 
     # ---- the request as the worker sees it --------------------------------------------------
 

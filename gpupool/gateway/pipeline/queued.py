@@ -19,14 +19,19 @@ from gpupool.gateway.errors import GatewayError
 from gpupool.gateway.pipeline.exchange import Exchange, ExchangeDeps, Plan
 from gpupool.gateway.pipeline.relay import Relay, stream_error
 from gpupool.gateway.pipeline.slots import Slots
+from gpupool.gateway.security.keys import Principal
 from gpupool.gateway.security.limits import Hold
+from gpupool.gateway.security.revoke import KeyRequests
 
 
 class QueuedStream:
     def __init__(
-        self, plan: Plan, hold: Hold, slots: Slots, deps: ExchangeDeps, relay: Relay
-    ) -> None:
+        self, plan: Plan, hold: Hold, slots: Slots, deps: ExchangeDeps, relay: Relay,
+        principal: Principal | None = None, keys: KeyRequests | None = None,
+    ) -> None:  # fmt: skip
         self.plan = plan
+        self.principal = principal
+        self.keys = keys  # a revoked key's wait ends with an error event
         self.hold = hold
         self.slots = slots
         self.deps = deps
@@ -41,7 +46,10 @@ class QueuedStream:
 
     async def events(self) -> AsyncIterator[bytes]:
         yield b": queued\n\n"
-        self.task = task = asyncio.ensure_future(self.slots.take(self.plan.ticket, self._on_wait))
+        take = self.slots.take(self.plan.ticket, self._on_wait)
+        self.task = task = asyncio.ensure_future(
+            take if self.keys is None else self.keys.wait(self.principal, take)
+        )
         while not task.done():
             getter: asyncio.Future[int] = asyncio.ensure_future(self.positions.get())
             waiting: set[asyncio.Future[Any]] = {task, getter}

@@ -3,6 +3,11 @@
 Looking a key up by its SHA-256 never compares secret bytes directly, so the lookup's timing
 says nothing about the key; the final match is confirmed with ``hmac.compare_digest``. Keys are
 never logged: only their configured names are.
+
+A :class:`KeyStore` is an immutable snapshot of the keys of one configuration (its ``keys`` and
+its ``keys_file``); a reload builds a new one and the authenticator swaps it in whole. A keys
+file that cannot be read or has an invalid entry raises :class:`KeysFileError`, whose message
+names the file and the line.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import hashlib
 import hmac
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import TypeAdapter, ValidationError
@@ -28,17 +34,61 @@ class Principal:
     key: ApiKey | None = None
 
 
+class KeysFileError(ValueError):
+    """The keys file is unreadable or invalid; ``str()`` is ``<file>:<line>: <problem>``."""
+
+
 def hash_key(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8")).hexdigest()
 
 
 def load_keys_file(path: str) -> list[ApiKey]:
-    data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    """The keys of a keys file (a ``keys:`` list, or a bare list), each entry validated."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise KeysFileError(f"{path}: cannot read the keys file: {e.strerror}") from None
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f":{mark.line + 1}" if mark is not None else ""
+        raise KeysFileError(f"{path}{at}: not valid YAML: {e}") from None
     items = data.get("keys", []) if isinstance(data, dict) else data
     try:
         return TypeAdapter(list[ApiKey]).validate_python(items)
     except ValidationError as e:
-        raise ValueError(f"{path}: invalid keys file: {e}") from None
+        first = e.errors()[0]
+        loc = tuple(first["loc"])
+        line = _line_of(root, loc, keyed=isinstance(data, dict))
+        where = "keys" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc)
+        raise KeysFileError(
+            f"{path}:{line}: {where}: {first['msg']} ({e.error_count()} problem(s) in all)"
+        ) from None
+
+
+def _line_of(root: Any, loc: tuple[Any, ...], keyed: bool) -> int:
+    """The 1-based line of the YAML node at ``loc`` (the deepest one that exists)."""
+    node = root
+    if keyed and isinstance(node, yaml.MappingNode):
+        node = _child(node, "keys") or node
+    for part in loc:
+        child = _child(node, part)
+        if child is None:
+            break
+        node = child
+    return int(node.start_mark.line) + 1 if node is not None else 1
+
+
+def _child(node: Any, part: Any) -> Any:
+    if isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+        return node.value[part] if 0 <= part < len(node.value) else None
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            if k.value == part:
+                return v
+    return None
 
 
 def all_keys(cfg: AuthConfig) -> list[ApiKey]:
@@ -55,10 +105,34 @@ def key_name(key: ApiKey) -> str:
 
 
 class KeyStore:
-    def __init__(self, cfg: AuthConfig) -> None:
-        keys = all_keys(cfg)
-        self._by_hash = {k.sha256.lower(): k for k in keys}
+    """The keys of one configuration, by hash; never changed once built."""
+
+    def __init__(self, cfg: AuthConfig, keys: list[ApiKey] | None = None) -> None:
+        keys = all_keys(cfg) if keys is None else keys
+        self._by_hash: dict[str, ApiKey] = {}
+        for k in keys:
+            digest = k.sha256.lower()
+            if digest in self._by_hash:
+                where = f"{cfg.keys_file}: " if cfg.keys_file else ""
+                raise KeysFileError(
+                    f"{where}keys `{key_name(self._by_hash[digest])}` and `{key_name(k)}` "
+                    "have the same sha256"
+                )
+            self._by_hash[digest] = k
         self._admin = cfg.admin_key_sha256.lower() if cfg.admin_key_sha256 else None
+
+    @property
+    def keys(self) -> dict[str, ApiKey]:
+        """Every client key, by its lower-case hash."""
+        return dict(self._by_hash)
+
+    @property
+    def admin_hash(self) -> str | None:
+        return self._admin
+
+    def knows(self, key: ApiKey) -> bool:
+        """Whether ``key`` (by its hash) is still one of this store's keys."""
+        return key.sha256.lower() in self._by_hash
 
     def identify(self, secret: str) -> Principal | None:
         digest = hash_key(secret)

@@ -4,36 +4,78 @@
 key; every other route needs a client key (or the admin key). The token-bearing routes are
 checked by the front door (``gateway/api/front.py``) with the same :class:`Authenticator`, which
 also hands the caller's identity to their handlers.
+
+One :class:`Authenticator` serves the whole gateway (the services own it). What it checks
+against (the auth settings and their :class:`KeyStore`) is one immutable snapshot, replaced
+whole by :meth:`Authenticator.swap` on a config reload: a request sees the old keys or the new
+ones, never a mix.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
+
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gpupool.config.models import AuthConfig
+from gpupool.config.models import ApiKey, AuthConfig
 from gpupool.gateway.api.errors import reject
 from gpupool.gateway.errors import Forbidden, GatewayError, Unauthorized
 from gpupool.gateway.security.keys import KeyStore, Principal, presented_key
 
+if TYPE_CHECKING:
+    from gpupool.gateway.services import Services
+
 _ALWAYS_OPEN = frozenset({"/health"})
+
+
+@dataclass(frozen=True, slots=True)
+class AuthState:
+    """What one configuration's ``auth`` section says, keys loaded: checked per request."""
+
+    cfg: AuthConfig
+    store: KeyStore
+    open_paths: frozenset[str]
+
+    @classmethod
+    def build(cls, cfg: AuthConfig, store: KeyStore | None = None) -> AuthState:
+        """Reads the keys file unless ``store`` is given (``KeysFileError`` when invalid)."""
+        opened = _ALWAYS_OPEN | ({"/metrics"} if cfg.metrics_open else set())
+        return cls(cfg, store or KeyStore(cfg), frozenset(opened))
 
 
 class Authenticator:
     """Who is calling: shared by the middleware and the front door's fast routes."""
 
     def __init__(self, cfg: AuthConfig) -> None:
-        self.cfg = cfg
-        self.store = KeyStore(cfg)
-        self.open_paths = _ALWAYS_OPEN | ({"/metrics"} if cfg.metrics_open else set())
+        self.state = AuthState.build(cfg)
+
+    @property
+    def cfg(self) -> AuthConfig:
+        return self.state.cfg
+
+    @property
+    def store(self) -> KeyStore:
+        return self.state.store
+
+    def swap(self, state: AuthState) -> None:
+        """Check every later request against ``state`` (built beforehand: nothing can fail)."""
+        self.state = state
+
+    def knows(self, key: ApiKey) -> bool:
+        """Whether ``key`` is still valid (a reload may have removed it since it was checked)."""
+        state = self.state
+        return not state.cfg.enabled or state.store.knows(key)
 
     def check(self, path: str, headers: list[tuple[bytes, bytes]]) -> Principal | None:
         """The caller, or None where no key is needed; Unauthorized / Forbidden otherwise."""
-        if not self.cfg.enabled or path in self.open_paths:
+        state = self.state
+        if not state.cfg.enabled or path in state.open_paths:
             return None
         secret = presented_key(headers)
         if secret is None:
             raise Unauthorized("Missing API key: send `Authorization: Bearer <key>`.")
-        principal = self.store.identify(secret)
+        principal = state.store.identify(secret)
         if principal is None:
             raise Unauthorized("Invalid API key.")
         if path.startswith("/admin") and not principal.admin:
@@ -42,16 +84,29 @@ class Authenticator:
 
 
 class AuthMiddleware:
+    """Auth for the routes Starlette serves, with the services' :class:`Authenticator` (the
+    one a reload swaps); ``cfg`` builds one of its own only where no services are set."""
+
     def __init__(self, app: ASGIApp, cfg: AuthConfig) -> None:
         self.app = app
-        self.auth = Authenticator(cfg)
+        self.cfg = cfg
+        self.own: Authenticator | None = None
+
+    def _auth(self, scope: Scope) -> Authenticator:
+        app = scope.get("app")
+        svc = getattr(app.state, "services", None) if app is not None else None
+        if svc is not None:
+            return cast("Services", svc).auth
+        if self.own is None:
+            self.own = Authenticator(self.cfg)
+        return self.own
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         try:
-            principal = self.auth.check(scope["path"], scope["headers"])
+            principal = self._auth(scope).check(scope["path"], scope["headers"])
         except GatewayError as e:
             await reject(e, send)
             return
