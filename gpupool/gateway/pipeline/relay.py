@@ -38,6 +38,7 @@ from gpupool.gateway.transform.messages import (
 )
 from gpupool.gateway.transform.responses import (
     ResponsesStreamTransformer,
+    only_reasoning,
     transform_responses_body,
 )
 from gpupool.gateway.transform.responses import reasoning_texts as responses_reasoning
@@ -172,7 +173,9 @@ class Relay:
             new = {**(details if isinstance(details, dict) else {})}
             output = usage.get("output_tokens")
             counted = sum(c or 0 for c in counts)
-            new["reasoning_tokens"] = min(counted, output) if isinstance(output, int) else counted
+            if isinstance(output, int):  # all of it when nothing else came out, as vLLM counts
+                counted = output if only_reasoning(out) else min(counted, output)
+            new["reasoning_tokens"] = counted
             out = {**out, "usage": {**usage, "output_tokens_details": new}}
         return out
 

@@ -136,6 +136,15 @@ def reasoning_texts(obj: Json) -> list[str]:
     return out
 
 
+def only_reasoning(obj: Json) -> bool:
+    """A ``response`` object whose output is reasoning alone (no message, no tool call): its
+    output tokens are all reasoning tokens."""
+    output = obj.get("output")
+    if not isinstance(output, list):
+        return False
+    return all(isinstance(i, dict) and i.get("type") == "reasoning" for i in output)
+
+
 # ---- streaming ----------------------------------------------------------------------------
 
 

@@ -99,6 +99,8 @@ class RawWorker:
                 return 400, {"type": "error", "error": error}
             return 200, self._messages(text, bool(body.get("stream")))
         if path == "/v1/responses":
+            limit = body.get("max_output_tokens")  # a piece is a token
+            text = "".join(pieces(text)[:limit]) if isinstance(limit, int) else text
             return 200, self._responses(text, bool(body.get("stream")))
         return 200, {}
 

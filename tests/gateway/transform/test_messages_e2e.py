@@ -121,3 +121,19 @@ def test_streamed_responses_count_reasoning_tokens_as_the_whole_reply(gw: str) -
     assert (
         [i.type for i in final.output] == [i.type for i in whole.output] == ["reasoning", "message"]
     )
+
+
+def test_a_response_cut_inside_its_thought_is_all_reasoning_tokens(gw: str) -> None:
+    """Nothing but reasoning came out: every output token is a reasoning token (vLLM counts
+    token ids; the gateway's count of the text could split them differently)."""
+    client = openai.OpenAI(base_url=gw + "/v1", api_key="x", max_retries=0, timeout=30)
+    whole = client.responses.create(model=MODEL, input="2+2?", max_output_tokens=6)
+    final = None
+    for event in client.responses.create(model=MODEL, input="2+2?", max_output_tokens=6,
+                                         stream=True):  # fmt: skip
+        if event.type == "response.completed":
+            final = event.response
+    assert final is not None and whole.usage is not None and final.usage is not None
+    assert [i.type for i in whole.output] == [i.type for i in final.output] == ["reasoning"]
+    assert whole.usage.output_tokens_details.reasoning_tokens == whole.usage.output_tokens == 6
+    assert final.usage.output_tokens_details.reasoning_tokens == 6
