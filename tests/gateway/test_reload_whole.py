@@ -297,3 +297,32 @@ def test_admin_routes_refuse_parameters_they_do_not_take(stack: Stack) -> None:
     r = httpx.post(f"{stack.url}/admin/workers/w/undrain", headers=h)
     assert r.status_code == 200
     _until(lambda: stack.get("/admin/workers/w")["state"] == "ready")
+
+
+def test_scores_and_pooling_count_every_sequence(stack: Stack) -> None:
+    """5,000 documents are 5,000 sequences against `server.max_sequences` (256), on every
+    route that runs one per item; raised by a reload, the same request goes through."""
+    h = {"authorization": f"Bearer {ALICE}"}
+    docs = [f"document {i}" for i in range(5000)]
+    bodies = {
+        "/rerank": {"query": "q", "documents": docs},
+        "/v1/rerank": {"query": "q", "documents": docs},
+        "/v2/rerank": {"query": "q", "documents": docs},
+        "/score": {"text_1": "q", "text_2": docs},
+        "/v1/score": {"queries": "q", "documents": docs},
+        "/v1/embeddings": {"input": docs},
+        "/v2/embed": {"texts": docs, "input_type": "search_document"},
+        "/classify": {"input": docs},
+        "/pooling": {"input": docs},
+    }
+    for path, body in bodies.items():
+        r = httpx.post(stack.url + path, json={"model": MODEL, **body}, headers=h, timeout=30)
+        assert r.status_code == 400, (path, r.text)
+        assert "5000 sequences" in r.json()["error"]["message"], (path, r.text)
+    with pytest.raises(openai.BadRequestError, match="max_sequences"):
+        stack.client(ALICE).embeddings.create(model=MODEL, input=docs[:257])
+    stack.edit(server={"max_sequences": 5000})
+    assert stack.reload().json()["settings"]["applied"] == ["server.max_sequences"]
+    r = httpx.post(stack.url + "/rerank", json={"model": MODEL, **bodies["/rerank"]}, headers=h,
+                   timeout=30)  # fmt: skip
+    assert "sequences" not in r.text  # past the gateway (the simulator has no /rerank)
