@@ -742,7 +742,9 @@ def test_plan_command_table_and_cannot_start_exit_code() -> None:
 def test_plan_command_needs_memory_from_nvml_or_the_option() -> None:
     result = run(["--model-config", str(CONFIGS / "qwen3.5-9b")])
     assert result.exit_code == 1
-    assert "No NVIDIA GPU found (NVML not available); pass --gpu-memory-gb" in result.output
+    assert (
+        "No NVIDIA GPU found (NVML not available); pass --gpu or --gpu-memory-gb" in result.output
+    )
     host = PlannerDeps(discover=lambda: HOST[1:])
     result = run(["--model-config", str(CONFIGS / "qwen3.5-9b"), "--json"], host)
     assert json.loads(result.output)["gpu"]["memory_bytes"] == RTX_5090
@@ -803,4 +805,4 @@ def test_discovery_in_the_command_defaults_to_nvml() -> None:
     if discover_gpus():  # a host with a GPU plans for it
         assert result.exit_code in (0, 1) and "qwen3.5-9b" in result.output
     else:
-        assert result.exit_code == 1 and "pass --gpu-memory-gb" in result.output
+        assert result.exit_code == 1 and "pass --gpu or --gpu-memory-gb" in result.output

@@ -18,6 +18,7 @@ EPILOG_CHECK = """\b
 Examples:
   gpupool check --config config/gpupool.yaml
   gpupool check --config config/examples/seed000-pro6000-5090.yaml
+  gpupool check --config gpupool.yaml --gpu "RTX PRO 6000,RTX 5090"
 """
 
 
@@ -68,11 +69,14 @@ def serve(config_path: str, host: str | None, port: int | None, log_format: str 
 @cli.command(epilog=EPILOG_CHECK)
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
               help="The gpupool.yaml to validate.")  # fmt: skip
-def check(config_path: str) -> None:
+@click.option("--gpu", "gpu_names", help="The cards behind GPU 0, 1, ...: \"RTX PRO 6000,RTX "
+              "5090\" or 2xH200 (default: NVML, else the config's `gpus:`).")  # fmt: skip
+@click.option("--gpu-memory-gb", help="GiB of GPU 0, 1, ...: 95.6,31.8 or 2x79.2.")
+def check(config_path: str, gpu_names: str | None, gpu_memory_gb: str | None) -> None:
     """Validate a configuration (and its GPU layout) without serving."""
     from gpupool.cli.check import run_check
 
-    sys.exit(run_check(_load(config_path), config_path))
+    sys.exit(run_check(_load(config_path), config_path, gpu_names, gpu_memory_gb))
 
 
 @cli.command(epilog="\b\nExamples:\n  gpupool status\n  gpupool status --url http://gw:8000")

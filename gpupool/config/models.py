@@ -407,6 +407,46 @@ class AuthConfig(_Strict):
     )
 
 
+class GpuCard(_Strict):
+    """The card behind one GPU index, for planning where NVML cannot say (``gpupool plan`` and
+    ``check`` on a laptop). NVML's answer wins on a machine that has one."""
+
+    name: str | None = Field(
+        default=None,
+        description="The card as NVML names it or a short form: `RTX PRO 6000`, `RTX 5090`, "
+        "`H100`, `H200` (`gpupool plan --help` lists them).",
+    )
+    memory_gb: float | None = Field(
+        default=None, gt=0, description="Its memory in GiB, as nvidia-smi's MiB / 1024."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_form(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return {"name": value}
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return {"memory_gb": value}
+        return value
+
+    @model_validator(mode="after")
+    def _known(self) -> GpuCard:
+        if self.name is None and self.memory_gb is None:
+            raise ValueError("give the card's `name` or its `memory_gb`")
+        if self.name is not None and self.memory_gb is None:
+            from gpupool.workers.planner.errors import PlanArgsError
+            from gpupool.workers.planner.gpu_catalog import known_gpu_names, lookup_gpu
+
+            try:
+                lookup_gpu(self.name)
+            except PlanArgsError:
+                raise ValueError(
+                    f"unknown card `{self.name}` (known: {known_gpu_names()}); "
+                    "give `memory_gb` instead"
+                ) from None
+        return self
+
+
 class GpupoolConfig(_Strict):
     server: ServerConfig = Field(default_factory=ServerConfig)
     models: list[ModelConfig] = Field(..., min_length=1, description="Models served.")
@@ -414,6 +454,11 @@ class GpupoolConfig(_Strict):
     queue: QueueConfig = Field(default_factory=QueueConfig)
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
+    gpus: dict[int, GpuCard] = Field(
+        default_factory=dict,
+        description="The card behind each GPU index (`0: RTX PRO 6000`, `1: {memory_gb: 31.8}`), "
+        "for `gpupool plan` and `check` on machines without NVML.",
+    )
 
     @model_validator(mode="after")
     def _cross_check(self) -> GpupoolConfig:

@@ -18,8 +18,9 @@ from rich.console import Console
 
 from gpupool.config.load import ConfigError, load_config
 from gpupool.workers.gpus import GpuInfo, discover_gpus
-from gpupool.workers.planner.errors import PlannerError
+from gpupool.workers.planner.errors import PlanArgsError, PlannerError
 from gpupool.workers.planner.findings import Finding, has_errors
+from gpupool.workers.planner.gpu_catalog import machine_gpus
 from gpupool.workers.planner.launch_args import plan_args_from_launch
 from gpupool.workers.planner.memory import GiB
 from gpupool.workers.planner.model_spec import ModelSpec, load_model_spec
@@ -89,9 +90,11 @@ Examples:
       --tensor-parallel-size 2 --max-model-len 32768
   # a repo id: the HF cache, the Hub (config.json only) or a built-in shape
   gpupool plan --model Qwen/Qwen3.5-27B --gpu-memory-gb 79.2 --quantization fp8
-  # every launched worker of a config, GPU memory from NVML
+  # every launched worker of a config: GPUs from NVML, else the config's `gpus:` section
   gpupool plan --config gpupool.yaml
   gpupool plan --config gpupool.yaml --gpu-memory-gb 32 --json
+  # the cards behind GPU 0 and 1 on a machine without them (or their GiB: 95.6,31.8)
+  gpupool plan --config config/examples/seed000-pro6000-5090.yaml --gpu "RTX PRO 6000,RTX 5090"
 
 \b
 All figures are per GPU. GiB throughout: --gpu-memory-gb is what nvidia-smi shows divided by
@@ -123,8 +126,14 @@ _ARG_OPTIONS = (
               help="A model's config.json, or the directory holding it.")  # fmt: skip
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False),
               help="Plan every launched worker of this gpupool.yaml.")  # fmt: skip
-@click.option("--gpu-memory-gb", type=click.FloatRange(min=0, min_open=True),
-              help="Memory of each GPU in GiB (default: NVML).")  # fmt: skip
+@click.option(
+    "--gpu",
+    "gpu_names",
+    help="The cards behind GPU 0, 1, ... by name: "
+    '"RTX PRO 6000,RTX 5090" or 2xH200 (default: NVML, else the config\'s `gpus:`).',
+)
+@click.option("--gpu-memory-gb", help="GiB of every GPU (one number), or of GPU 0, 1, ... "
+              "(95.6,31.8 or 2x79.2). Default: NVML, else the config's `gpus:`.")  # fmt: skip
 @click.option("--quantization", help="Weight format when config.json has none: fp8, int8, awq, "
               "gptq, int4, nvfp4, mxfp4.")  # fmt: skip
 @click.option("--kv-cache-dtype", help="auto (model dtype), fp8, bfloat16, ...")
@@ -144,8 +153,10 @@ def plan(ctx: click.Context, /, **opts: Any) -> None:
     if not (opts["model_config"] or opts["config_path"] or opts["model_ref"]):
         raise click.UsageError("give --model, --model-config or --config")
     overrides = {k: opts[k] for k in _ARG_OPTIONS if opts[k] is not None}
-    memory = round(opts["gpu_memory_gb"] * GiB) if opts["gpu_memory_gb"] else None
     try:
+        memory = _one_memory(opts["gpu_memory_gb"])
+        if memory is not None:
+            opts["gpu_memory_gb"] = None  # one size for every worker, not a list of GPUs
         if opts["config_path"]:
             ok = _plan_config(ctx, opts, overrides, memory)
         else:
@@ -166,7 +177,7 @@ def _plan_model(
         if not opts["as_json"]:
             click.echo(f"model shape from {resolved.source}")
     if memory is None:
-        memory = _nvml_memory(ctx, overrides)
+        memory = _listed_memory(opts, overrides) or _nvml_memory(ctx, overrides)
     args = plan_args_from_launch({}, memory, overrides, overhead_fraction=opts["overhead_fraction"])
     result = plan_from_args(spec, args)
     if opts["as_json"]:
@@ -179,10 +190,29 @@ def _plan_model(
     return result.can_start
 
 
+def _one_memory(text: str | None) -> int | None:
+    """``--gpu-memory-gb 32``: one size; ``95.6,31.8`` / ``2x80``: a list (None here)."""
+    if not text:
+        return None
+    try:
+        gib = float(text)
+    except ValueError:
+        return None
+    if gib <= 0:
+        raise PlanArgsError(f"--gpu-memory-gb: {gib} must be positive")
+    return round(gib * GiB)
+
+
+def _listed_memory(opts: dict[str, Any], overrides: dict[str, Any]) -> int | None:
+    listed = machine_gpus([], names=opts["gpu_names"], memory_gb=opts["gpu_memory_gb"]).gpus
+    tp = int(overrides.get("tensor_parallel_size") or 1)
+    return min(g.memory_total_bytes for g in listed[:tp]) if listed else None
+
+
 def _nvml_memory(ctx: click.Context, overrides: dict[str, Any]) -> int:
     found = _deps(ctx).discover()
     if not found:
-        raise click.ClickException(f"{NO_GPU}; pass --gpu-memory-gb")
+        raise click.ClickException(f"{NO_GPU}; pass --gpu or --gpu-memory-gb")
     tp = int(overrides.get("tensor_parallel_size") or 1)
     return min(g.memory_total_bytes for g in found[:tp])
 
@@ -198,18 +228,22 @@ def _plan_config(
     if opts["model_config"]:
         fallback = load_model_spec(opts["model_config"])
     specs = resolve_worker_models(config, fallback)
-    found = _deps(ctx).discover()
+    discovered = [] if opts["gpu_names"] or opts["gpu_memory_gb"] else _deps(ctx).discover()
+    machine = machine_gpus(
+        discovered, config.gpus, names=opts["gpu_names"], memory_gb=opts["gpu_memory_gb"]
+    )
     plans, shared = plan_workers(
         config,
-        found,
+        machine.gpus,
         specs,
         gpu_memory_bytes=memory,
         overrides=overrides,
         overhead_fraction=opts["overhead_fraction"],
     )
     if opts["as_json"]:
-        _echo_json(worker_plans_to_dict(plans, shared))
+        _echo_json({**worker_plans_to_dict(plans, shared), "gpus_from": machine.source})
     else:
+        click.echo(f"GPUs from {machine.source}")
         _print_workers(plans, shared)
     return not has_errors([*shared, *(f for p in plans for f in p.findings)])
 

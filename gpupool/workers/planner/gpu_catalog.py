@@ -7,11 +7,15 @@ RTX 5090 has 32,607 MiB (31.8 GiB). ``--gpu-memory-gb`` takes GiB for cards not 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gpupool.workers.gpus import GpuInfo
 from gpupool.workers.planner.errors import PlanArgsError
+
+if TYPE_CHECKING:
+    from gpupool.config.models import GpuCard
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -53,13 +57,18 @@ def _key(name: str) -> str:
     return _NOISE.sub("", name.lower())
 
 
+def known_gpu_names() -> str:
+    return ", ".join(g.aliases[0] for g in CATALOG)
+
+
 def lookup_gpu(name: str) -> KnownGpu:
     key = _key(name)
     for gpu in CATALOG:
         if key in gpu.aliases or key == _key(gpu.name):
             return gpu
-    known = ", ".join(g.aliases[0] for g in CATALOG)
-    raise PlanArgsError(f"unknown GPU `{name}` (known: {known}); give --gpu-memory-gb instead")
+    raise PlanArgsError(
+        f"unknown GPU `{name}` (known: {known_gpu_names()}); give --gpu-memory-gb instead"
+    )
 
 
 def _counted(items: Sequence[str]) -> list[str]:
@@ -100,3 +109,47 @@ def gpus_from_memory(spec: str) -> list[GpuInfo]:
     if not out:
         raise PlanArgsError("--gpu-memory-gb names no GPU")
     return out
+
+
+def gpus_from_cards(cards: Mapping[int, GpuCard]) -> list[GpuInfo]:
+    """The config's ``gpus:`` section as GPUs: a named card's NVML memory and compute
+    capability (``memory_gb`` overrides the memory), or a card of that memory (9.0 assumed)."""
+    out: list[GpuInfo] = []
+    for index, card in sorted(cards.items()):
+        known = lookup_gpu(card.name) if card.name else None
+        total = round(card.memory_gb * GiB) if card.memory_gb else 0
+        if known is not None:
+            total = total or known.memory_mib * MiB
+            out.append(GpuInfo(index, known.name, total, total, known.compute_capability, ""))
+        else:
+            name = f"GPU with {card.memory_gb:g} GiB"
+            out.append(GpuInfo(index, name, total, total, ASSUMED_CC, ""))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class MachineGpus:
+    """The GPUs a plan or a check uses, and where they came from (said in the output)."""
+
+    gpus: list[GpuInfo]
+    source: str
+
+
+def machine_gpus(
+    discovered: Sequence[GpuInfo],
+    cards: Mapping[int, GpuCard] | None = None,
+    *,
+    names: str | None = None,
+    memory_gb: str | None = None,
+) -> MachineGpus:
+    """The command line's ``--gpu`` / ``--gpu-memory-gb`` list, else NVML, else the config's
+    ``gpus:`` section, else none."""
+    if names:
+        return MachineGpus(gpus_from_names(names), "--gpu")
+    if memory_gb:
+        return MachineGpus(gpus_from_memory(memory_gb), "--gpu-memory-gb")
+    if discovered:
+        return MachineGpus(list(discovered), "NVML")
+    if cards:
+        return MachineGpus(gpus_from_cards(cards), "the config's `gpus:` (no NVML here)")
+    return MachineGpus([], "none: no NVML, no `gpus:` in the config")

@@ -26,7 +26,7 @@ from gpupool.workers.planner.resolve import HubFiles, ResolvedModel, resolve_mod
 
 NO_GPU_MEMORY = (
     "GPU memory unknown: no NVIDIA GPU found (NVML not available) for its `gpus`; "
-    "pass --gpu-memory-gb"
+    "name the cards in the config's `gpus:` section, or pass --gpu or --gpu-memory-gb"
 )
 
 
