@@ -1,7 +1,7 @@
 """Config reload: the whole file is read and checked first, then what may change at run time is
 swapped in one step, then workers are added, removed and replaced.
 
-    POST /admin/reload → reload_config(svc)
+    POST /admin/reload (or SIGHUP, under ``gpupool serve``) → reload_config(svc)
       1. read and validate the file, and the keys file it names: any problem refuses the whole
          reload (400 naming the file, the field or the line) and nothing changes;
       2. build everything the new settings need (``build_live``: the keys, the read limits);
@@ -20,6 +20,11 @@ This module depends on ``services`` (never the other way round).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import logging
+import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +38,8 @@ from gpupool.gateway.parse import ReadLimits
 from gpupool.gateway.security.keys import KeysFileError, key_name
 from gpupool.gateway.security.middleware import AuthState
 from gpupool.gateway.services import Services, make_worker
+
+log = logging.getLogger("gpupool.reload")
 
 DRAIN_ON_RELOAD_S = 60.0
 
@@ -82,6 +89,45 @@ async def reload_config(svc: Services) -> dict[str, Any]:
         "keys": {k: v for k, v in keys.items() if k != "removed_hashes"},
         "queued_refused": refused,
     }
+
+
+def reload_on_sighup(svc: Services) -> Callable[[], None]:
+    """Reload on SIGHUP as on ``POST /admin/reload`` (the reply is logged); returns the undo.
+
+    Only where the loop can take signals (the main thread) and the gateway has a config file;
+    elsewhere it does nothing. Without it a SIGHUP would end the process.
+    """
+    if svc.config_path is None:
+        return lambda: None
+    loop = asyncio.get_running_loop()
+    running: set[asyncio.Task[None]] = set()
+
+    def fire() -> None:
+        task = loop.create_task(_logged_reload(svc))
+        running.add(task)
+        task.add_done_callback(running.discard)
+
+    try:
+        loop.add_signal_handler(signal.SIGHUP, fire)
+    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals
+        return lambda: None
+
+    def undo() -> None:
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.remove_signal_handler(signal.SIGHUP)
+
+    return undo
+
+
+async def _logged_reload(svc: Services) -> None:
+    try:
+        summary = await reload_config(svc)
+    except BadRequest as e:
+        log.error("reload (SIGHUP) refused: %s", e.message)
+    except Exception:
+        log.exception("reload (SIGHUP) failed")
+    else:
+        log.info("reload (SIGHUP): %s", json.dumps(summary, sort_keys=True))
 
 
 def build_live(old: GpupoolConfig, new: GpupoolConfig, auth: AuthState) -> Live:

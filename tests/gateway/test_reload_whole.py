@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -326,3 +327,25 @@ def test_scores_and_pooling_count_every_sequence(stack: Stack) -> None:
     r = httpx.post(stack.url + "/rerank", json={"model": MODEL, **bodies["/rerank"]}, headers=h,
                    timeout=30)  # fmt: skip
     assert "sequences" not in r.text  # past the gateway (the simulator has no /rerank)
+
+
+def test_sighup_reloads_as_the_admin_route_does(stack: Stack) -> None:
+    alice, bob = stack.client(ALICE), stack.client(BOB)
+
+    def refused(client: openai.OpenAI) -> bool:
+        try:
+            _chat(client)
+        except openai.AuthenticationError:
+            return True
+        return False
+
+    stack.keys.write_text("keys: [{name: alice, sha256: nope}]\n")  # broken: logged, no change
+    stack.gw.kill(signal.SIGHUP)
+    _until(lambda: "reload (SIGHUP) refused" in stack.gw.logs())
+    assert f"{stack.keys}:1:" in stack.gw.logs()
+    assert _chat(alice)
+    stack.keys.write_text(_keys("bob"))
+    stack.gw.kill(signal.SIGHUP)
+    _until(lambda: refused(alice))
+    assert _chat(bob)  # the process lives on (a SIGHUP used to end it)
+    assert '"removed": ["alice"]' in stack.gw.logs()

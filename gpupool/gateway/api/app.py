@@ -23,6 +23,7 @@ from gpupool.gateway.api.middleware import RequestIdMiddleware
 from gpupool.gateway.api.openapi import openapi_schema
 from gpupool.gateway.api.responses import ReplyResponse
 from gpupool.gateway.errors import GatewayError
+from gpupool.gateway.reload import reload_on_sighup
 from gpupool.gateway.reply import Reply
 from gpupool.gateway.security.middleware import AuthMiddleware
 from gpupool.gateway.services import Services, build_services
@@ -72,6 +73,7 @@ def create_app(
         app.state.services = front.services = built
         front.auth = built.auth  # the one a reload swaps (the middleware finds it on the state)
         await built.start()
+        stop_hup = reload_on_sighup(built)  # `kill -HUP` reloads the config, as the admin route
         # Everything built so far lives as long as the server: move it out of the cyclic
         # collector's sight, so a full collection under load walks only per-request garbage
         # (measured here: ~30 ms for the ~75k start-up objects, against well under 0.1 ms).
@@ -80,6 +82,7 @@ def create_app(
         try:
             yield
         finally:
+            stop_hup()
             await built.close()
 
     app = Starlette(
