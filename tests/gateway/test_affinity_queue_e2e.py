@@ -1,11 +1,13 @@
-"""A conversation waits for its full worker, end to end: `gpupool serve` in front of two
-simulated workers of one slot each, the `openai` client, and the worker each answer names
-(``x-gpupool-worker``).
+"""A queued conversation is first in line for its own worker, end to end, and no slot stays
+empty: `gpupool serve` in front of two simulated workers of one slot each, the `openai` client,
+and the worker each answer names (``x-gpupool-worker``).
 
-The conversation's first turn lands on `home`. Then `other` is held for 0.3 s and `home` for
-1.5 s by two unrelated streams, and the second turn comes: with `routing.affinity_wait_s` it
-waits for `home` and reads its history from that cache; with 0 it takes the first slot that
-frees, `other`'s. Every slot is back afterwards.
+The conversation's first turn lands on `home`. Then `other` is held for 4 s and `home` for
+6 s by two unrelated streams; the second turn queues, and a plain request queues after it.
+`other` frees first: with `routing.affinity_wait_s` the plain request takes it (the second
+turn stays first in line for `home`, whose cache holds its history); with 0, queue order: the
+second turn takes it. Either way the one left takes the next slot that frees: no slot stays
+empty while a request waits. Every slot is back afterwards.
 """
 
 from __future__ import annotations
@@ -69,21 +71,50 @@ def _hold(url: str, ms: int, on: str) -> threading.Thread:
     return t
 
 
-def test_a_conversation_waits_for_its_full_worker(stack: dict[str, Any]) -> None:
+def test_a_queued_conversation_is_first_in_line_for_its_worker_and_no_slot_stays_empty(
+    stack: dict[str, Any],
+) -> None:
     url = stack["url"]
     client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
     home = _turn(client)
     other = "b" if home == "a" else "a"
-    holds = [_hold(url, 300, other), _hold(url, 1500, home)]  # `other` frees first
+    holds = [_hold(url, 4000, other), _hold(url, 6000, home)]  # `other` frees first
     try:
-        second = _turn(
+        got: dict[str, str] = {}
+        turn = threading.Thread(target=lambda: got.update(second=_turn(
             client, {"role": "assistant", "content": "hi"}, {"role": "user", "content": "and?"}
-        )
-        assert second == (home if stack["waits"] else other)
+        )))  # fmt: skip
+        turn.start()
+        _until_queued(url, 1)
+        plain = threading.Thread(target=lambda: got.update(plain=_plain(client)))
+        plain.start()
+        _until_queued(url, 2)
+        turn.join(30)
+        plain.join(30)
+        # `other` frees first and goes to the plain request when the second turn waits in
+        # line for `home`, to the second turn when it does not; whichever is left takes the
+        # next slot that frees (no slot stays empty while either waits)
+        served_first = next(iter(got))
+        assert served_first == ("plain" if stack["waits"] else "second")
+        assert got[served_first] == other
     finally:
         for t in holds:
             t.join(30)
     assert _inflight(url) == {"a": 0, "b": 0}
+
+
+def _plain(client: openai.OpenAI) -> str:
+    r = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "unrelated"}], max_tokens=2
+    )
+    return r.headers["x-gpupool-worker"]
+
+
+def _until_queued(url: str, n: int) -> None:
+    deadline = time.monotonic() + 10
+    while httpx.get(url + "/admin/queue").json()["models"].get(MODEL, {}).get("depth") != n:
+        assert time.monotonic() < deadline, "the request never queued"
+        time.sleep(0.01)
 
 
 def _inflight(url: str) -> dict[str, int]:

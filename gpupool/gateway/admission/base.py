@@ -26,8 +26,9 @@ class Ticket:
     candidates: list[str]  # eligible worker names, best first
     max_wait_s: float
     stream: bool = False
-    # Wait up to this long for candidates[0] alone before taking any candidate (``Slots``).
-    first_wait_s: float = 0.0
+    # While queued, up to this long: candidates[0]'s freed slot goes to this ticket before
+    # waiters that do not prefer it; any candidate's slot may still go to it (work-conserving).
+    prefer_s: float = 0.0
 
 
 @dataclass(slots=True)

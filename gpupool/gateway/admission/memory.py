@@ -234,12 +234,24 @@ class MemoryAdmission:
         return not (queue.presence.others(tenant) or queue.clock.others_waiting(tenant))
 
     def _first_allowed(self, worker: str) -> _Waiter | None:
-        """The first waiter eligible for ``worker`` that may take its next slot."""
+        """The first waiter eligible for ``worker`` that may take its next slot, passing over
+        those still first in line for another worker (``Ticket.prefer_s``) while one that is
+        not may take it; when none may, the first after all: a slot never stays empty."""
         capacity, held = self._workers.capacity(worker), self._held.get(worker, 0)
+        first: _Waiter | None = None
+        now = 0.0
         for waiter in self._eligible.get(worker, ())[:RESERVE_SCAN]:
-            if self._may_take(worker, waiter.ticket, capacity, held):
+            if not self._may_take(worker, waiter.ticket, capacity, held):
+                continue
+            ticket = waiter.ticket
+            if not ticket.prefer_s or ticket.candidates[0] == worker:
                 return waiter
-        return None
+            if first is None:
+                first = waiter
+                now = asyncio.get_running_loop().time()
+            if now - waiter.since >= ticket.prefer_s:
+                return waiter  # its preference has lapsed: plain queue order
+        return first
 
     def _take(self, worker: str, tenant: str) -> str:
         lid = f"{self.replica_id}|{next(self._ids)}"

@@ -1,8 +1,8 @@
 """Worker slots: admission's leases, counted on the registry's workers.
 
 ``take`` waits for a slot (or raises the queue's 429/503) and counts the request as started on its
-worker; a ticket with ``first_wait_s`` waits that long for its first candidate alone (a
-conversation's full worker) and then takes any, a new ticket id for the second wait; ``give``
+worker (a ticket's ``prefer_s`` is admission's business: first in line for its first candidate,
+never a slot left empty); ``give``
 returns the slot and counts it finished, exactly once per lease however often it is called.
 Admission backends remove a cancelled waiter themselves (and give back a slot granted in the same
 instant), so a cancellation during ``take`` leaves nothing behind.
@@ -10,12 +10,13 @@ instant), so a cancellation during ``take`` leaves nothing behind.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from contextlib import nullcontext
 
 from gpupool.gateway.admission.base import Admission, Lease, Ticket, WaitCallback
-from gpupool.gateway.errors import QueueTimeout, RateLimited, UpstreamUnavailable
+from gpupool.gateway.errors import RateLimited, UpstreamUnavailable
 from gpupool.gateway.metrics import Metrics
 from gpupool.workers.registry import Registry
+from gpupool.workers.swap.demand import Demand
 
 _GIVEN = "given"
 
@@ -25,17 +26,14 @@ class Slots:
         self.admission = admission
         self.registry = registry
         self.metrics = metrics
+        # Swap groups read which models have requests waiting (workers/swap/demand.py).
+        self.demand: Demand | None = None
 
     def take_now(self, ticket: Ticket) -> Lease | None:
         """A slot at once where admission can grant one without I/O or waiting; None: ``take``."""
         if not ticket.candidates:
             return None
-        if ticket.first_wait_s > 0:  # the first candidate alone (no await: restored below)
-            candidates, ticket.candidates = ticket.candidates, ticket.candidates[:1]
-            lease = self.admission.take_now(ticket)
-            ticket.candidates = candidates
-        else:
-            lease = self.admission.take_now(ticket)
+        lease = self.admission.take_now(ticket)
         if lease is not None:
             self._started(ticket, lease)
         return lease
@@ -43,31 +41,17 @@ class Slots:
     async def take(self, ticket: Ticket, on_wait: WaitCallback | None = None) -> Lease:
         if not ticket.candidates:
             raise UpstreamUnavailable(f"No worker for model `{ticket.model}` is available.")
+        waiting = (
+            self.demand.waiting(ticket.model, ticket.priority) if self.demand else nullcontext()
+        )
         try:
-            if ticket.first_wait_s > 0:
-                lease = await self._first_then_any(ticket, on_wait)
-            else:
+            with waiting:
                 lease = await self.admission.acquire(ticket, on_wait)
         except RateLimited as e:
             self.metrics.admission.labels(ticket.model, "rejected", type(e).__name__).inc()
             raise
         # No await between the grant and this point: the caller owns the lease from here.
         self._started(ticket, lease)
-        return lease
-
-    async def _first_then_any(self, ticket: Ticket, on_wait: WaitCallback | None) -> Lease:
-        first_s = min(ticket.first_wait_s, ticket.max_wait_s)
-        first = replace(ticket, candidates=ticket.candidates[:1], max_wait_s=first_s)
-        try:
-            return await self.admission.acquire(first, on_wait)
-        except QueueTimeout:
-            if ticket.max_wait_s <= first_s or len(ticket.candidates) == 1:
-                raise
-        # Its own id: the Redis backend answers a replayed ticket id with its first outcome.
-        rest = replace(ticket, id=f"{ticket.id}+", max_wait_s=ticket.max_wait_s - first_s,
-                       first_wait_s=0.0)  # fmt: skip
-        lease = await self.admission.acquire(rest, on_wait)
-        lease.queued_s += first_s
         return lease
 
     def _started(self, ticket: Ticket, lease: Lease) -> None:

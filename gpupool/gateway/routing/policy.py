@@ -2,18 +2,24 @@
 
 Candidates are the ready workers of the model whose window holds the prompt, whose window is at
 least ``max_tokens`` (vLLM rejects larger), and whose media limits admit the request. They are
-ranked by load band (quarters of capacity: the gateway's own requests, plus the work vLLM showed
-beyond them at the last scrape, ``Worker.busy``), then vLLM's own waiting queue and KV-cache usage,
-then the smallest window that fits. While prompts that only the larger windows hold have come
-lately, a request that fits a smaller window stays on a smaller-window worker with a free slot
-(``reserve.py``), so that short requests keep long-context capacity free. A
-worker that has lately served the gateway's requests at least twice as slowly as the best one
-(``pace.py``) counts one band busier per doubling and, on a tie, ranks after the others; so does,
-on a tie, a worker running work that did not come through the gateway. A
-prefix affinity hit moves its worker to the front while that worker has a free slot
-(``affinity_max_load``; outside work counts once two scrapes show it), so vLLM's prefix cache
-is reused: a conversation moved re-reads its whole
-history, which costs more than a place in a busier worker's batch.
+ranked by load: the share of its capacity a worker holds (the gateway's own requests, counted
+the moment they are placed, plus the work vLLM showed beyond them at the last scrape,
+``Worker.busy``), so that no worker is filled past its neighbour while the neighbour has room,
+and requests placed in the same instant see each other. Equal loads are broken by vLLM's own
+waiting queue and KV-cache usage, then by how many new prompt tokens each cache took in lately
+(``footprint.py``), then the smallest window. While prompts that only the larger windows hold
+have come lately, a request that fits a smaller window stays on a smaller-window worker with a
+free slot (``reserve.py``), so that short requests keep long-context capacity free. A worker
+that has lately served the gateway's requests at least twice as slowly as the best one
+(``pace.py``) counts a quarter of its capacity busier per doubling and, on a tie, ranks after
+the others; so does, on a tie, a worker running work that did not come through the gateway.
+
+Prefix affinity moves a conversation's worker to the front while it has a free slot and is at
+most ``affinity_max_lead`` of its capacity busier than the least busy candidate, so vLLM's
+prefix cache is reused without piling a shared prompt onto one worker. When every candidate is
+full the request queues on all of them, first in line for its own worker's next slot for a
+while (``Decision.prefer_s``); admission still hands it any slot that frees and nobody else
+takes, so a preference never leaves a slot empty (work-conserving).
 """
 
 from __future__ import annotations
@@ -46,9 +52,9 @@ class Decision:
     # Set when no candidate exists: why (for the error message).
     too_long_for: int | None = None  # the largest window among ready workers
     media_refused: bool = False
-    # Seconds worth waiting for the first candidate alone, a conversation's worker, when it
-    # has no slot to give, before taking any (0: the first with a free slot).
-    first_wait_s: float = 0.0
+    # Seconds a queued request is first in line for candidates[0], a conversation's worker,
+    # before plain queue order (0: none). Admission stays work-conserving either way.
+    prefer_s: float = 0.0
 
 
 def fits(worker: Worker, req: RouteRequest) -> bool:
@@ -60,20 +66,22 @@ def fits(worker: Worker, req: RouteRequest) -> bool:
 
 Rank = tuple[float, float, float, int, bool, int, int, str]
 
+PENALTY_LOAD = 0.25  # a slow worker counts this share of its capacity busier per doubling
+
 
 def _rank_key(w: Worker, penalty: int, cached: int) -> Rank:
-    """On equal load a worker running outside work ranks after one whose load is all the
-    gateway's own: what the gateway sent it knows, what came around it it does not. Then the
-    one whose cache took in fewer new prompts lately (``footprint.py``), then the smaller
-    window."""
-    band = min(w.busy, 1.0) // 0.25 + penalty
+    """Least loaded first. On equal load a worker running outside work ranks after one whose
+    load is all the gateway's own: what the gateway sent it knows, what came around it it does
+    not. Then the one whose cache took in fewer new prompts lately (``footprint.py``), then the
+    smaller window."""
+    load = min(w.busy, 1.0) + penalty * PENALTY_LOAD
     kv_band = w.kv_usage // 0.25
-    return (band, w.vllm_waiting, kv_band, penalty, w.vllm_external > 0, cached, w.window or 0,
+    return (load, w.vllm_waiting, kv_band, penalty, w.vllm_external > 0, cached, w.window or 0,
             w.name)  # fmt: skip
 
 
 def _rank(workers: list[Worker], slow: dict[str, int] | None, footprint: Footprint) -> None:
-    """Sort best first; ``slow``: each slow worker's penalty in bands (``Pace.slow``)."""
+    """Sort best first; ``slow``: each slow worker's penalty (``Pace.slow``)."""
     slow = slow or {}
     workers.sort(key=lambda w: _rank_key(w, slow.get(w.name, 0), footprint.band(w.name)))
 
@@ -126,6 +134,7 @@ class Router:
         prefix_affinity: bool = True,
         window_reserve_s: float = 60.0,
         affinity_wait_s: float = 2.0,
+        affinity_max_lead: float = 0.25,
     ) -> None:
         self.affinity = AffinityTable()
         self.tokens = TokenEstimate()  # a prompt's tokens from its bytes, learned per model
@@ -133,9 +142,9 @@ class Router:
         self.reserve = WindowReserve(window_reserve_s)  # long windows kept for long prompts
         self.footprint = Footprint()  # new prompt tokens each worker's cache took in lately
         self._affinity_max_load = affinity_max_load
+        self._affinity_max_lead = affinity_max_lead
         self._use_affinity = prefix_affinity
         self._affinity_wait_s = affinity_wait_s
-        self._affinity_waits = affinity_wait_s > 0 and affinity_max_load >= 1
 
     def decide(self, req: RouteRequest, ready: list[Worker]) -> Decision:
         if req.image or req.video or req.audio:
@@ -174,23 +183,25 @@ class Router:
             return Decision(ranked)
         name = self.affinity.get(req.prefix_key)
         if name is None:
-            # a new prompt: its tokens go into the first candidate's cache (or, if admission
-            # places it elsewhere, into another's; the figure is a tie-break)
-            self.footprint.add(ranked[0].name, req.prompt_tokens)
             return Decision(ranked)
+        least = min(min(w.busy, 1.0) for w in ranked)
         for i, w in enumerate(ranked):
             if w.name != name:
                 continue
-            # Steady: moving a conversation for a phantom request would re-read its history.
-            # Full of the gateway's own requests, or of the slots its tenant may hold there
-            # (reserved seats), it still waits a while for a slot there: one frees within a
-            # request's time, while another worker would prefill the whole history cold (and
-            # evict for it). Admission grants a free slot there at once.
-            if w.busy_steady < self._affinity_max_load or (
-                self._affinity_waits and w.inflight >= w.capacity
-            ):
+            if self._affinity_wait_s > 0 and all(x.inflight >= x.capacity for x in ranked):
+                # every candidate full: queue on all, first in line for this one's next slot
                 first = [w, *ranked[:i], *ranked[i + 1 :]]
-                return Decision(first, first_wait_s=self._affinity_wait_s)
+                return Decision(first, prefer_s=self._affinity_wait_s)
+            # Steady: moving a conversation for a phantom request would re-read its history.
+            # A busier worker keeps it only within the lead, and not while its engine queues
+            # and another's does not: a shared prompt must not fill one worker while another
+            # has room.
+            if (
+                w.busy_steady < self._affinity_max_load
+                and w.busy_steady - least <= self._affinity_max_lead
+                and w.vllm_waiting <= min(x.vllm_waiting for x in ranked)
+            ):
+                return Decision([w, *ranked[:i], *ranked[i + 1 :]])
             break
         return Decision(ranked)
 
@@ -200,6 +211,8 @@ class Router:
         """``worker`` answered ``req`` in ``seconds`` (0: unknown), ``output_tokens`` long (0:
         unknown; then its ``max_tokens`` if it had one)."""
         if self._use_affinity and req.prefix_key is not None:
+            if self.affinity.get(req.prefix_key) is None:  # a new prompt went into its cache
+                self.footprint.add(worker, req.prompt_tokens)
             self.affinity.put(req.prefix_key, worker)
         out = output_tokens or req.max_tokens
         if seconds > 0 and out:

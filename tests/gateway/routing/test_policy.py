@@ -26,19 +26,38 @@ def first(router: Router, r: RouteRequest, workers: list[Worker]) -> str:
 def test_a_conversation_returns_to_its_worker_while_it_has_a_free_slot() -> None:
     router, a, b = Router(), worker("a"), worker("b")
     router.served(req(key=7), "a")
-    a.inflight = 3  # three quarters busy; b idle: a miss would cost the whole history's prefill
+    a.inflight = 1  # a quarter busier than idle b: within the lead, its cache is worth it
     assert first(router, req(key=7), [a, b]) == "a"
 
 
-def test_a_conversation_waits_a_while_for_its_full_worker_first() -> None:
-    """A slot on `a` frees within a request's time; `b` would prefill the history cold."""
-    router, a, b = Router(affinity_wait_s=1.5), worker("a", inflight=4), worker("b", inflight=1)
+def test_a_conversation_leaves_a_worker_busier_than_the_lead_while_another_idles() -> None:
+    """Affinity never fills one worker while another has room to spare: with every client
+    sending the same prompt it would pile them all on one worker (issue 25's lane skew)."""
+    router, a, b = Router(), worker("a", inflight=3), worker("b")
+    router.served(req(key=7), "a")
+    assert first(router, req(key=7), [a, b]) == "b"
+    assert first(Router(affinity_max_lead=0.75), req(key=7), [a, b]) == "b"  # no entry there
+    wide = Router(affinity_max_lead=0.75)
+    wide.served(req(key=7), "a")
+    assert first(wide, req(key=7), [a, b]) == "a"
+
+
+def test_a_conversation_leaves_a_worker_whose_engine_queues_while_another_does_not() -> None:
+    router, a, b = Router(), worker("a", inflight=1, vllm_waiting=2), worker("b", inflight=1)
+    router.served(req(key=7), "a")
+    assert first(router, req(key=7), [a, b]) == "b"
+
+
+def test_with_every_worker_full_a_conversation_queues_first_in_line_for_its_own() -> None:
+    """No slot anywhere: the request queues on every candidate, first in line for `a`'s next
+    slot for a while (admission still gives it `b`'s if nobody else takes that one)."""
+    router, a, b = Router(affinity_wait_s=1.5), worker("a", inflight=4), worker("b", inflight=4)
     router.served(req(key=7), "a")
     d = router.decide(req(key=7), [a, b])
-    assert [w.name for w in d.candidates] == ["a", "b"] and d.first_wait_s == 1.5
-    a.inflight = 3  # a slot free: admission grants it at once (or, if its tenant may not
-    d = router.decide(req(key=7), [a, b])  # take it, a reserved seat, the request waits)
-    assert [w.name for w in d.candidates] == ["a", "b"] and d.first_wait_s == 1.5
+    assert [w.name for w in d.candidates] == ["a", "b"] and d.prefer_s == 1.5
+    b.inflight = 3  # a slot free elsewhere: taken at once, no preference, no wait
+    d = router.decide(req(key=7), [a, b])
+    assert [w.name for w in d.candidates] == ["b", "a"] and d.prefer_s == 0.0
 
 
 def test_a_conversation_leaves_a_full_worker_at_once_without_the_wait() -> None:
@@ -53,7 +72,7 @@ def test_a_worker_full_of_outside_work_is_left_without_waiting() -> None:
     a.vllm_external_steady = 3
     router.served(req(key=7), "a")
     d = router.decide(req(key=7), [a, b])
-    assert d.candidates[0].name == "b" and d.first_wait_s == 0.0
+    assert d.candidates[0].name == "b" and d.prefer_s == 0.0
 
 
 def test_a_lower_affinity_limit_moves_a_conversation_sooner() -> None:
@@ -73,7 +92,7 @@ def test_on_an_idle_pool_a_short_request_takes_the_smallest_window() -> None:
     assert {first(Router(), req(300), [long_w, short_w]) for _ in range(4)} == {"short"}
 
 
-def test_a_short_request_spills_to_the_long_window_once_the_small_one_is_a_band_busier() -> None:
+def test_a_short_request_spills_to_the_long_window_once_the_small_one_is_busier() -> None:
     long_w, short_w = worker("long", 8192), worker("short", 2048, inflight=1)
     assert first(Router(), req(300), [long_w, short_w]) == "long"
 
@@ -146,7 +165,7 @@ def test_a_conversation_leaves_a_worker_full_of_outside_work() -> None:
 def test_a_conversation_stays_for_outside_work_one_scrape_showed() -> None:
     """vLLM may list a request of the gateway's a step after it ended: one scrape showing the
     worker full must not make a conversation re-read its history elsewhere."""
-    router, a, b = Router(), scraped(worker("a", inflight=2), running=6), worker("b")
+    router, a, b = Router(), scraped(worker("a", inflight=1), running=6), worker("b")
     router.served(req(key=7), "a")
     assert first(router, req(key=7), [a, b]) == "a"
     scraped(a, running=6)  # and the next one too: the worker is full
