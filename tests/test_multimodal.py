@@ -99,13 +99,21 @@ def test_counts_responses_input() -> None:
         [],
         "text",
         {"messages": "nope"},
-        {"messages": [1, "x", None, {"content": {"type": "image_url"}}]},
+        {"messages": [1, "x", None, {"content": {"text": "image_url"}}]},
         {"messages": [{"content": [1, None, "image_url", ["image_url"]]}]},
         {"messages": [{"content": [{"type": 5, "image_url": {}}, {"type": None}]}]},
     ],
 )
 def test_counts_survive_hostile_shapes(body: Any) -> None:
     assert count_media(body) == MediaCounts()
+
+
+def test_a_part_counts_wherever_it_nests() -> None:
+    """Parts are found at any depth (a `tool_result`'s blocks, a content that is one part)."""
+    nested = {"messages": [{"role": "user", "content": [{"type": "tool_result", "content": [
+        {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}]}]}]}
+    assert count_media(nested) == MediaCounts(image=1)
+    assert count_media({"messages": [{"content": {"type": "image_url"}}]}) == MediaCounts(image=1)
 
 
 def test_counts_a_huge_list() -> None:

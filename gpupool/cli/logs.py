@@ -1,4 +1,8 @@
-"""Log lines as text or JSON; the request id rides along when there is one."""
+"""Log lines as text or JSON; the request's ids ride along when there is one.
+
+``request_id`` is the gateway's own (unique, the one its worker saw); ``client_request_id`` the
+client's ``x-request-id`` when it sent one (echoed in the reply, never sent to a worker).
+"""
 
 from __future__ import annotations
 
@@ -13,9 +17,13 @@ class RequestIdFilter(logging.Filter):
     """Puts the id of the request being served (if any) on every record."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from gpupool.gateway.api.middleware import current_request_id
+        from gpupool.gateway.api.middleware import client_request_id, current_request_id
 
-        record.request_id = current_request_id.get() or "-"
+        ours = current_request_id.get() or "-"
+        theirs = client_request_id.get()
+        record.request_id = ours
+        record.client_request_id = theirs
+        record.request_ids = f"{ours} client={theirs}" if theirs else ours
         return True
 
 
@@ -31,6 +39,9 @@ class JsonFormatter(logging.Formatter):
         rid = getattr(record, "request_id", None)
         if rid:
             line["request_id"] = rid
+        client = getattr(record, "client_request_id", None)
+        if client:
+            line["client_request_id"] = client
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
         return orjson.dumps(line).decode()
@@ -42,7 +53,7 @@ def setup_logging(fmt: str = "text", level: int = logging.INFO) -> None:
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s")
+            logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(request_ids)s] %(message)s")
         )
     handler.addFilter(RequestIdFilter())
     root = logging.getLogger()

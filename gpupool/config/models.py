@@ -447,6 +447,81 @@ class GpuCard(_Strict):
         return self
 
 
+class CacheSharing(StrEnum):
+    auto = "auto"
+    tenant = "tenant"
+    shared = "shared"
+
+
+class TenancyConfig(_Strict):
+    cache: CacheSharing = Field(
+        CacheSharing.auto,
+        description="Whose requests may reuse each other's prefix cache on a worker. `auto`: "
+        "each tenant its own when auth is on and the keys name more than one tenant; `tenant`: "
+        "always each tenant its own; `shared`: every tenant shares it (one organisation, on "
+        "purpose). Isolated, the gateway sets vLLM's `cache_salt` from the tenant (a client's "
+        "own salt is mixed into it) and prefix affinity is kept per tenant.",
+    )
+    salt_secret: str | None = Field(
+        None,
+        description="Secret keying the tenants' cache salts (HMAC-SHA256), so a worker's logs "
+        "never show a tenant's name. Replicas in front of the same workers must share it. None: "
+        "derived from `auth.admin_key_sha256`, else random at each start (a restart then begins "
+        "with a cold cache).",
+    )
+    stored_response_ttl_s: float = Field(
+        86400.0,
+        gt=0,
+        description="How long the gateway remembers which worker and tenant made a stored "
+        "`/v1/responses` response (in Redis when `queue.backend` is redis, else in memory).",
+    )
+    max_stored_responses: int = Field(
+        100_000,
+        gt=0,
+        description="Most stored responses remembered in memory (the oldest are forgotten first).",
+    )
+
+
+class GpuCard(_Strict):
+    """The card behind one GPU index, for planning where NVML cannot say (``gpupool plan`` and
+    ``check`` on a laptop). NVML's answer wins on a machine that has one."""
+
+    name: str | None = Field(
+        default=None,
+        description="The card as NVML names it or a short form: `RTX PRO 6000`, `RTX 5090`, "
+        "`H100`, `H200` (`gpupool plan --help` lists them).",
+    )
+    memory_gb: float | None = Field(
+        default=None, gt=0, description="Its memory in GiB, as nvidia-smi's MiB / 1024."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_form(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return {"name": value}
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return {"memory_gb": value}
+        return value
+
+    @model_validator(mode="after")
+    def _known(self) -> GpuCard:
+        if self.name is None and self.memory_gb is None:
+            raise ValueError("give the card's `name` or its `memory_gb`")
+        if self.name is not None and self.memory_gb is None:
+            from gpupool.workers.planner.errors import PlanArgsError
+            from gpupool.workers.planner.gpu_catalog import known_gpu_names, lookup_gpu
+
+            try:
+                lookup_gpu(self.name)
+            except PlanArgsError:
+                raise ValueError(
+                    f"unknown card `{self.name}` (known: {known_gpu_names()}); "
+                    "give `memory_gb` instead"
+                ) from None
+        return self
+
+
 class GpupoolConfig(_Strict):
     server: ServerConfig = Field(default_factory=ServerConfig)
     models: list[ModelConfig] = Field(..., min_length=1, description="Models served.")
@@ -454,6 +529,9 @@ class GpupoolConfig(_Strict):
     queue: QueueConfig = Field(default_factory=QueueConfig)
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
+    tenancy: TenancyConfig = Field(
+        default_factory=TenancyConfig, description="What tenants share: prefix caches."
+    )
     gpus: dict[int, GpuCard] = Field(
         default_factory=dict,
         description="The card behind each GPU index (`0: RTX PRO 6000`, `1: {memory_gb: 31.8}`), "

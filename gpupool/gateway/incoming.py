@@ -23,9 +23,12 @@ def _hashed(key: str) -> str:
 
 @dataclass(slots=True)
 class Incoming:
-    request_id: str
+    request_id: str  # the gateway's own, unique: the id its worker sees
     headers: list[tuple[bytes, bytes]]
     principal: Principal | None = None
+    client_request_id: str = ""  # the client's x-request-id: the reply's and the logs'
+    path: str = ""  # a stored response's route: its path (``/v1/responses/{id}…``) and query
+    query: bytes = b""
 
     def header(self, name: bytes) -> str | None:
         """The first value of header ``name`` (lower case), or None."""

@@ -1,5 +1,9 @@
 """Multimodal checks made before a request reaches a worker.
 
+Every check walks the whole of a body's content at any depth (:func:`iter_nodes`), on every
+route: a source nested in an Anthropic ``tool_result`` or ``system`` block, a ``document``,
+a Responses ``input_file`` or a score/rerank input is checked as a top-level image is.
+
 * :func:`count_media` + :func:`check_limits`: vLLM's ``--limit-mm-per-prompt`` (§3), with
   vLLM's exact message, so a request that would fail on the worker fails the same way here.
 * :func:`check_media_policy`: ``data:`` URIs (size, shape), ``file://`` (always refused) and
@@ -50,6 +54,21 @@ _METADATA_IPS = frozenset(
 )
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 
+# Fields of a body that never reach a worker's media loader: tool and output definitions and
+# settings (a URL there is data, not media), and the arguments of a model's own tool call.
+_NOT_CONTENT = frozenset(
+    {"tools", "tool_choice", "functions", "response_format", "structured_outputs",
+     "guided_json", "text", "metadata", "chat_template_kwargs", "mm_processor_kwargs",
+     "vllm_xargs", "kv_transfer_params", "logit_bias", "reasoning", "thinking",
+     "stream_options", "prompt_embeds"}
+)  # fmt: skip
+_ARGUMENT_BLOCKS = frozenset({"tool_use", "server_tool_use", "mcp_tool_use", "function_call"})
+
+_SOURCE_KEYS = frozenset(
+    {"image_url", "video_url", "audio_url", "input_audio", "image_embeds", "video_embeds",
+     "audio_embeds", "file_url", "file_data", "source"}
+)  # fmt: skip
+
 Resolver = Callable[[str], Awaitable[Iterable[str]]]
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -77,25 +96,59 @@ class MediaSource:
 # ---- walking the request -------------------------------------------------------------------
 
 
-def iter_parts(body: object) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(location, part) for every content part of chat (or Anthropic) ``messages`` and
-    Responses ``input``."""
+def may_hold_media(raw: bytes) -> bool:
+    """Whether a body may hold a media part or a source at all (``\\u``: a JSON-escaped
+    spelling of one of these words); without one the checks are skipped."""
+    return (
+        b"url" in raw
+        or b"image" in raw
+        or b"video" in raw
+        or b"audio" in raw
+        or b"source" in raw
+        or b"file" in raw
+        or b"\\u" in raw
+    )
+
+
+def iter_nodes(body: object) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(location, object) for every JSON object of a body's content, at any depth, in order.
+
+    Every route's content goes through here, whatever nests it: chat and Anthropic
+    ``messages`` (a ``tool_result``'s blocks, a ``document``'s ``content`` source), Anthropic
+    ``system`` blocks, Responses ``input`` (items, their ``content``, a
+    ``function_call_output``'s ``output``), embedding, score and rerank inputs. Only the
+    fields that never reach a worker's media loader are left out (``_NOT_CONTENT``: tool and
+    output definitions, settings; the arguments of a model's own tool call).
+    """
     if not isinstance(body, dict):
         return
-    for key in ("messages", "input"):
-        items = body.get(key)
-        if not isinstance(items, list):
-            continue
-        for i, item in enumerate(items):
-            if not isinstance(item, dict):
-                continue
-            if key == "input" and part_kind(item) is not None:  # a bare part as an input item
-                yield f"input[{i}]", item
-            content = item.get("content")
-            if isinstance(content, list):
-                for j, part in enumerate(content):
-                    if isinstance(part, dict):
-                        yield f"{key}[{i}].content[{j}]", part
+    stack: list[tuple[str, object]] = [
+        (k, v) for k, v in reversed(body.items())
+        if k not in _NOT_CONTENT and isinstance(v, dict | list)
+    ]  # fmt: skip
+    while stack:
+        where, node = stack.pop()
+        children: list[tuple[str, object]]
+        if isinstance(node, dict):
+            yield where, node
+            kind = node.get("type")
+            tool = isinstance(kind, str) and kind in _ARGUMENT_BLOCKS
+            children = [
+                (f"{where}.{k}", v) for k, v in node.items()
+                if isinstance(v, dict | list) and not (tool and k == "input")
+            ]  # fmt: skip
+        else:
+            assert isinstance(node, list)
+            children = [(f"{where}[{i}]", v) for i, v in enumerate(node)
+                        if isinstance(v, dict | list)]  # fmt: skip
+        stack.extend(reversed(children))
+
+
+def iter_parts(body: object) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(location, part) for every media part of a body, at any depth (:func:`iter_nodes`)."""
+    for where, node in iter_nodes(body):
+        if part_kind(node) is not None:
+            yield where, node
 
 
 def part_kind(part: Mapping[str, Any]) -> str | None:
@@ -135,8 +188,16 @@ def check_limits(counts: MediaCounts, limits: MediaLimits | None) -> None:
 
 
 def iter_sources(body: object) -> Iterator[MediaSource]:
-    for where, part in iter_parts(body):
-        yield from _part_sources(where, part)
+    """Every URL or base64 payload a worker may load, wherever it nests."""
+    if isinstance(body, dict):  # Cohere's /v2/embed: `images`, a list of URLs or data URIs
+        images = body.get("images")
+        if isinstance(images, list):
+            for i, url in enumerate(images):
+                if isinstance(url, str):
+                    yield MediaSource(f"images[{i}]", url, True)
+    for where, node in iter_nodes(body):
+        if not _SOURCE_KEYS.isdisjoint(node):
+            yield from _part_sources(where, node)
 
 
 def _part_sources(where: str, part: Mapping[str, Any]) -> Iterator[MediaSource]:
@@ -152,7 +213,16 @@ def _part_sources(where: str, part: Mapping[str, Any]) -> Iterator[MediaSource]:
         yield MediaSource(f"{where}.input_audio.data", data, _scheme(data) == "data")
     for key in ("image_embeds", "video_embeds", "audio_embeds"):
         yield from _embeds(f"{where}.{key}", part.get(key))
-    source = part.get("source")  # Anthropic Messages: a URL or base64 data
+    yield from _file_and_source(where, part)
+
+
+def _file_and_source(where: str, part: Mapping[str, Any]) -> Iterator[MediaSource]:
+    for key in ("file_url", "file_data"):  # Responses `input_file`, chat's `file`
+        value = part.get(key)
+        if isinstance(value, str):
+            url = key == "file_url" or _scheme(value) == "data"
+            yield MediaSource(f"{where}.{key}", value, url)
+    source = part.get("source")  # Anthropic Messages (image, document): a URL or base64 data
     if isinstance(source, dict):
         if source.get("type") == "url" and isinstance(source.get("url"), str):
             yield MediaSource(f"{where}.source.url", source["url"], True)

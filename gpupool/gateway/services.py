@@ -143,6 +143,7 @@ class Services:
         await self.poller.close()
         await self.admission.close()
         await self.key_limits.aclose()
+        await self.pipeline.stored.owners.aclose()
         await self.client.close()
         self._sd_writer.shutdown(wait=True)  # the last state reaches disk before we exit
 

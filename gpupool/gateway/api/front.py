@@ -29,16 +29,18 @@ from gpupool.gateway.api.errors import error_reply, reject
 from gpupool.gateway.api.lane import Lane
 from gpupool.gateway.api.middleware import (
     content_length,
-    current_request_id,
     new_request_id,
     read_body,
     request_id_of,
+    request_ids,
+    reset_log_ids,
+    set_log_ids,
 )
 from gpupool.gateway.api.protocol import CoalescingCycle
 from gpupool.gateway.api.responses import write_reply
 from gpupool.gateway.errors import GatewayError, RequestTimeout
 from gpupool.gateway.incoming import Incoming
-from gpupool.gateway.pipeline.kinds import KINDS, Kind
+from gpupool.gateway.pipeline.kinds import KINDS, STORED, Kind, stored_target
 from gpupool.gateway.reply import Reply
 from gpupool.gateway.security.middleware import Authenticator
 
@@ -66,31 +68,43 @@ class Front:
     # ---- through ASGI (any server; under `gpupool serve`, what the lane does not take) ----
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        kind = KINDS.get(scope["path"]) if scope["type"] == "http" else None
-        if kind is None:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        rid = request_id_of(scope["headers"]) or new_request_id()
-        token = current_request_id.set(rid.decode("latin-1"))
+        path: str = scope["path"]
+        kind = KINDS.get(path)
+        target = stored_target(path) if kind is None else None
+        if kind is None and target is None:
+            await self.app(scope, receive, send)
+            return
+        if target is not None:  # a stored response's route: by method and what follows the id
+            kind = STORED.get((scope["method"], target[1]), STORED[("GET", "")])
+        assert kind is not None
+        ours, theirs = request_ids(scope["headers"])
+        tokens = set_log_ids(ours, theirs)
         try:
-            await self._serve(kind, scope, receive, send, rid)
+            await self._serve(kind, scope, receive, send, (ours, theirs))
         finally:
-            current_request_id.reset(token)
+            reset_log_ids(tokens)
 
     async def _serve(
-        self, kind: Kind, scope: Scope, receive: Receive, send: Send, rid: bytes
+        self, kind: Kind, scope: Scope, receive: Receive, send: Send, ids: tuple[bytes, bytes]
     ) -> None:
-        extra = [(b"x-request-id", rid)]
+        ours, theirs = ids
+        extra = [(b"x-request-id", theirs or ours)]
         headers: list[tuple[bytes, bytes]] = scope["headers"]
         try:
             principal = self.auth.check(scope["path"], headers)
-            if scope["method"] != "POST":
+            if scope["method"] != kind.method:
                 raise MethodNotAllowed("Method Not Allowed")
             raw = await _body(self.server, headers, receive)
         except GatewayError as e:
             await reject(e, send, extra, kind)
             return
-        incoming = Incoming(rid.decode("latin-1"), headers, principal)
+        incoming = Incoming(ours.decode("latin-1"), headers, principal,
+                            theirs.decode("latin-1"))  # fmt: skip
+        if kind.stored:
+            incoming.path, incoming.query = scope["path"], scope.get("query_string", b"")
         task = asyncio.current_task()
         assert task is not None
         await self._respond(kind, incoming, raw, _AsgiOut(send, receive), task, extra)
@@ -121,15 +135,15 @@ class Front:
     async def serve_lane(self, lane: Lane) -> None:
         """The lane's task: the request from its head and body to its reply's ``after``."""
         try:
-            rid = request_id_of(lane.headers) or new_request_id()
-            rid_text = rid.decode("latin-1")
-            current_request_id.set(rid_text)  # the lane's own task: no reset
-            extra = [(b"x-request-id", rid)]
+            ours, theirs = request_ids(lane.headers)
+            set_log_ids(ours, theirs)  # the lane's own task: no reset
+            extra = [(b"x-request-id", theirs or ours)]
             if lane.error is not None:
                 lane.write_now(error_reply(lane.error, lane.kind), extra, close=False)
                 return
             assert lane.kind is not None and lane.task is not None
-            incoming = Incoming(rid_text, lane.headers, lane.principal)
+            incoming = Incoming(ours.decode("latin-1"), lane.headers, lane.principal,
+                                theirs.decode("latin-1"))  # fmt: skip
             await self._respond(lane.kind, incoming, lane.raw_body(), lane, lane.task, extra)
         except BaseException as exc:
             lane.failed(exc)

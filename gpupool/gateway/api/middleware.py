@@ -12,6 +12,10 @@ from gpupool.gateway.errors import PayloadTooLarge
 
 # The request being served, for log lines (see gpupool/cli/logs.py).
 current_request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
+# ... and the client's own x-request-id beside it, when it sent one (never sent to a worker).
+client_request_id: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "client_request_id", default=""
+)
 
 
 def request_id_of(headers: list[tuple[bytes, bytes]]) -> bytes:
@@ -30,6 +34,26 @@ _ids = itertools.count(1)
 
 def new_request_id() -> bytes:
     return b"%b%016x" % (_ID_PREFIX, next(_ids) & 0xFFFFFFFFFFFFFFFF)
+
+
+def request_ids(headers: list[tuple[bytes, bytes]]) -> tuple[bytes, bytes]:
+    """(the gateway's own id, unique, the one a worker sees; the client's ``x-request-id``, or
+    ``b""``). The reply echoes the client's, else ours; logs carry both
+    (:func:`set_log_ids`)."""
+    return new_request_id(), request_id_of(headers)
+
+
+LogIds = tuple[contextvars.Token[str], contextvars.Token[str]]
+
+
+def set_log_ids(ours: bytes, theirs: bytes) -> LogIds:
+    return (current_request_id.set(ours.decode("latin-1")),
+            client_request_id.set(theirs.decode("latin-1")))  # fmt: skip
+
+
+def reset_log_ids(tokens: LogIds) -> None:
+    current_request_id.reset(tokens[0])
+    client_request_id.reset(tokens[1])
 
 
 class RequestIdMiddleware:

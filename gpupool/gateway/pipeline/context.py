@@ -14,7 +14,7 @@ from gpupool.gateway.errors import InvalidBody
 from gpupool.gateway.incoming import Incoming
 from gpupool.gateway.parse import PRIORITY_BOUND, Parsed
 from gpupool.gateway.pipeline.exchange import Context
-from gpupool.gateway.upstream.common import DROP_REQUEST_HEADERS
+from gpupool.gateway.pipeline.worker_head import worker_head
 
 PRIORITY = b"x-gpupool-priority"
 MAX_WAIT = b"x-gpupool-max-wait"
@@ -24,21 +24,13 @@ _FALSE = frozenset({"0", "false", "no", "off", ""})
 
 
 def build_context(incoming: Incoming, req: Parsed) -> Context:
-    # One pass over the client's headers: ours to read, the rest a worker may see (hop-by-hop
-    # and gateway ones dropped), as the lines of the worker's request head (no decoding).
+    # The gateway's headers read from the client's; the worker's head built from the rest
+    # (``worker_head.py``: hop-by-hop, forwarding and gateway headers dropped, our request id).
     ours: dict[bytes, str] = {}
-    lines: list[bytes] = []
     for k, v in incoming.headers:
         if k.startswith(b"x-gpupool-"):
             ours[k] = v.decode("latin-1")
-        if k not in DROP_REQUEST_HEADERS:
-            lines.append(b"%b: %b\r\n" % (k, v))
-    lines.append(b"content-type: application/json\r\nx-request-id: %b\r\n"
-                 % incoming.request_id.encode("latin-1"))  # fmt: skip
-    headers = b"".join(lines)
-    n = len(lines) + 1  # lines in the block: one per header
-    if headers.count(b"\n") != n or headers.count(b"\r") != n:
-        raise InvalidBody("A request header contains a line break.")
+    headers = worker_head(incoming.headers, incoming.request_id.encode("latin-1"))
     priority, max_wait, events = (
         (_priority_header(ours), _max_wait(ours), _flag(ours, QUEUE_EVENTS))
         if ours

@@ -63,10 +63,12 @@ class Dispatcher:
             try:
                 if worker is None or worker.url is None:
                     raise UpstreamFailure("worker went away", sent=False)
-                resp = await self.client.open("POST", worker.url + plan.kind.path, plan.body,
+                url = worker.url + (plan.target or plan.kind.path)
+                resp = await self.client.open(plan.method, url, plan.body or None,
                                               plan.ctx.headers)  # fmt: skip
                 ex.resp = resp
                 if resp.status < 400:
+                    await self._answered(ex)
                     return None
                 if ex.turn is not None:
                     ex.prefilled()  # an error: nothing is prefilling
@@ -84,6 +86,13 @@ class Dispatcher:
             if reason == "context_length" and not self._larger_window(ex):
                 return data  # no window holds it: the worker's own 400, in its route's shape
             await self._retry(ex, reason, worker, failure=reason != "context_length")
+
+    @staticmethod
+    async def _answered(ex: Exchange) -> None:
+        """The worker took it: what must know so learns it before any byte goes back (where a
+        stored response lives, ``stored.py``)."""
+        if ex.plan.answered is not None:
+            await ex.plan.answered(ex.worker)
 
     def _retryable(self, status: int, data: bytes, worker: Worker, ex: Exchange) -> str | None:
         if status >= 500:
@@ -130,7 +139,7 @@ class Dispatcher:
             ranked = self.candidates.of(plan.route, plan.model.name)
         except GatewayError:
             ranked = []
-        remaining = [w.name for w in ranked if w.name not in plan.tried]
+        remaining = [w.name for w in ranked if w.name not in plan.tried and not plan.pinned]
         if not remaining:
             raise UpstreamUnavailable("The worker failed and no other worker can take it.")
         plan.ticket.candidates = remaining

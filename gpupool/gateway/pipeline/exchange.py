@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import re
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -70,6 +71,10 @@ class Plan:
     gated: bool = False  # a long streamed prompt: prefilled one at a time per worker (prefill.py)
     tried: set[str] = field(default_factory=set)
     started: float = field(default_factory=time.monotonic)
+    method: str = "POST"
+    target: str = ""  # the worker's path (and query) when not the kind's own
+    pinned: bool = False  # only its ticket's worker holds what it needs (a stored response)
+    answered: Callable[[str], Awaitable[None]] | None = None  # the worker accepted it (< 400)
 
 
 class Exchange:

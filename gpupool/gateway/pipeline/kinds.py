@@ -55,6 +55,9 @@ class Kind:
     count: Count = Count.none
     generates: bool = False  # spends completion tokens: reserved from max_tokens
     usage_option: bool = False  # streams take `stream_options.include_usage` (OpenAI's)
+    salted: bool = False  # takes vLLM's `cache_salt`: set from the tenant when isolated
+    method: str = "POST"
+    stored: bool = False  # on a stored response (``{id}`` in the path): its worker, its tenant
     errors: Errors = Errors.openai
     thinking: bool = False  # takes Anthropic's `thinking`: mapped to the template's switch
 
@@ -66,7 +69,7 @@ def _generate(chat: bool) -> Reader:
     return read
 
 
-_generating = partial(Kind, generates=True)
+_generating = partial(Kind, generates=True, salted=True)
 _POOLING = ("/v1/embeddings", "/v2/embed", "/pooling", "/classify", "/score", "/v1/score",
             "/rerank", "/v1/rerank", "/v2/rerank")  # fmt: skip
 
@@ -86,7 +89,41 @@ KINDS: dict[str, Kind] = {
         Kind("/v1/messages/count_tokens", parse_model_body, errors=Errors.anthropic, thinking=True),
         Kind("/tokenize", parse_model_body),
         Kind("/detokenize", parse_model_body),
-        *(Kind(p, parse_model_body) for p in _POOLING),
+        *(Kind(p, parse_model_body, salted=p != "/v2/embed") for p in _POOLING),
     )
 }
 """Every POST route whose body reaches a worker; the front door serves exactly these."""
+
+
+def _no_body(raw: bytes, limits: ReadLimits) -> Parsed:
+    return Parsed({}, b"", None)
+
+
+_RESPONSE = "/v1/responses/"
+_stored = partial(Kind, read=_no_body, stored=True)
+
+STORED: dict[tuple[str, str], Kind] = {
+    (k.method, k.path.removeprefix(_RESPONSE + "{id}")): k
+    for k in (
+        _stored("/v1/responses/{id}", method="GET"),
+        _stored("/v1/responses/{id}", method="DELETE"),
+        _stored("/v1/responses/{id}/cancel", method="POST"),
+        _stored("/v1/responses/{id}/input_items", method="GET"),
+    )
+}
+"""Routes on one stored response, by (method, what follows the id): sent to the worker that
+stored it, for its tenant only (``pipeline/stored.py``)."""
+_SUFFIXES = frozenset(suffix for _, suffix in STORED)
+_MAX_ID = 256
+
+
+def stored_target(path: str) -> tuple[str, str] | None:
+    """(response id, suffix) when ``path`` names a stored response's route, else None."""
+    if not path.startswith(_RESPONSE):
+        return None
+    rest = path[len(_RESPONSE) :]
+    rid, slash, tail = rest.partition("/")
+    suffix = slash + tail
+    if not rid or len(rid) > _MAX_ID or suffix not in _SUFFIXES:
+        return None
+    return rid, suffix

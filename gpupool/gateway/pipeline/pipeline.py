@@ -13,6 +13,8 @@ Stages only call forward; the exchange made at admission owns everything taken a
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 
 from gpupool.config.models import (
@@ -29,7 +31,7 @@ from gpupool.gateway.catalog import Catalog
 from gpupool.gateway.errors import GatewayError
 from gpupool.gateway.incoming import Incoming
 from gpupool.gateway.metrics import Metrics
-from gpupool.gateway.parse import Parsed, ReadLimits
+from gpupool.gateway.parse import Parsed, ReadLimits, owned_prefix_key
 from gpupool.gateway.pipeline.candidates import Candidates
 from gpupool.gateway.pipeline.context import build_context
 from gpupool.gateway.pipeline.dispatch import Dispatcher
@@ -38,11 +40,14 @@ from gpupool.gateway.pipeline.kinds import Count, Kind, Shape
 from gpupool.gateway.pipeline.queued import QueuedStream
 from gpupool.gateway.pipeline.relay import Relay, stream_error
 from gpupool.gateway.pipeline.slots import Slots
+from gpupool.gateway.pipeline.stored import StoredResponses
 from gpupool.gateway.reply import SSE, Reply
 from gpupool.gateway.routing.policy import Router, RouteRequest
 from gpupool.gateway.security.keys import Principal
 from gpupool.gateway.security.limits import NO_HOLD, KeyLimits
 from gpupool.gateway.security.revoke import KeyRequests
+from gpupool.gateway.tenancy.cache import CacheScope
+from gpupool.gateway.tenancy.owners import Owners, build_owners
 from gpupool.gateway.tokens import exact_count, upper_bound
 from gpupool.gateway.transform.chat import TransformOptions, normalize_request_messages
 from gpupool.gateway.transform.messages import thinking_switch
@@ -65,6 +70,7 @@ class Pipeline:
         key_limits: KeyLimits,
         *,
         key_requests: KeyRequests | None = None,
+        owners: Owners | None = None,
     ) -> None:
         self.cfg = cfg
         # a reload that removes a key refuses its queued requests (``security/revoke.py``)
@@ -82,19 +88,28 @@ class Pipeline:
             self.dispatcher, client, registry, metrics, cfg.server.expose_worker_header
         )
         self.deps = ExchangeDeps(self.slots, registry, router, metrics)
+        self.cache = CacheScope.from_config(cfg.tenancy, cfg.auth)
+        self.stored = StoredResponses(self, owners or build_owners(cfg.tenancy, cfg.queue))
         s = cfg.server
         self.read_limits = ReadLimits(s.max_json_depth, s.max_n, s.max_sequences,
                                       s.max_json_containers)  # fmt: skip
 
     async def handle(self, kind: Kind, incoming: Incoming, raw: bytes) -> Reply:
+        if kind.stored:  # a stored response's route: its worker, its tenant (``stored.py``)
+            return await self.stored.handle(kind, incoming)
+        return await self._handle(kind, incoming, raw)
+
+    async def _handle(self, kind: Kind, incoming: Incoming, raw: bytes) -> Reply:
         req = kind.read(raw, self.read_limits)
         model = self.catalog.resolve(req.model, incoming.allowed_models())
         ctx = build_context(incoming, req)
+        req.prefix_key = owned_prefix_key(req.prefix_key, self.cache.owner(ctx.tenant))
         media = await self._check_media(req, model) if _may_hold_media(req.raw) else _NO_MEDIA
         route = self._route_by_bound(req, model, media)
         if route is None:
             route = await self._route(kind, req, model, media)
         plan = self._plan(kind, req, model, route, ctx, incoming)
+        await self.stored.prepare(plan, req)  # /v1/responses: a follow-up's worker, its owner
         principal = incoming.principal
         if principal is None or principal.key is None:
             hold = NO_HOLD  # no key: no key limits to take
@@ -172,8 +187,10 @@ class Pipeline:
         The model alias becomes the model's name; assistant history in `reasoning_content`
         is renamed; a body `priority` outside the key's range is clamped; Anthropic's
         `thinking` sets the chat template's switch (``transform/messages.py``); a stream whose
-        tokens the key's budget must count asks the worker for its usage chunk.
+        tokens the key's budget must count asks the worker for its usage chunk. What the
+        tenant sets (``_tenant_fields``) is spliced into the bytes when nothing else changes.
         """
+        fields = self._tenant_fields(kind, req, ctx)
         body, changed = req.body, False
         if req.model is not None and req.model != model.name:
             body["model"] = model.name
@@ -191,7 +208,24 @@ class Pipeline:
             body["stream_options"] = {**(opts if isinstance(opts, dict) else {}),
                                       "include_usage": True}  # fmt: skip
             changed = True
+        if fields and (changed or any(k in body for k in fields)):
+            body.update(fields)
+            return orjson.dumps(body)
+        if fields:
+            return _splice(req.raw, fields)
         return orjson.dumps(body) if changed else req.raw
+
+    def _tenant_fields(self, kind: Kind, req: Parsed, ctx: Context) -> dict[str, Any]:
+        """The worker's ``cache_salt`` from the tenant (isolated caches), and on
+        ``/v1/responses`` the response's id from the gateway's request id (``stored.py``)."""
+        fields: dict[str, Any] = {}
+        if kind.salted:
+            salt = self.cache.salt(ctx.tenant, req.body.get("cache_salt"))
+            if salt is not None:
+                fields["cache_salt"] = salt
+        if kind.shape is Shape.responses:
+            fields.update(self.stored.fields(req, ctx.request_id))
+        return fields
 
     def _transform(self, kind: Kind, req: Parsed, model: ModelConfig) -> TransformOptions | None:
         if kind.shape is Shape.none:
@@ -293,11 +327,16 @@ class Pipeline:
 
 
 _NO_MEDIA = multimodal.MediaCounts(0, 0, 0)
+_may_hold_media = multimodal.may_hold_media
 
 
-def _may_hold_media(raw: bytes) -> bool:
-    """Any media part holds one of these words (``\\u``: their JSON-escaped spellings)."""
-    return b"image" in raw or b"video" in raw or b"audio" in raw or b"\\u" in raw
+def _splice(raw: bytes, fields: dict[str, Any]) -> bytes:
+    """``raw`` (a JSON object holding none of ``fields``) with ``fields`` put first, without
+    parsing or writing the rest again."""
+    start = raw.index(b"{") + 1
+    rest = raw[start:]
+    head = orjson.dumps(fields)[1:-1]
+    return b"{" + head + (b"," if rest.lstrip()[:1] != b"}" else b"") + rest
 
 
 def _has_tpm(incoming: Incoming) -> bool:

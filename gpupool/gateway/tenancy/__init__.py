@@ -1,0 +1,7 @@
+"""What belongs to one tenant behind the door: its prefix cache and its stored responses.
+
+* :mod:`.cache`: whether tenants share workers' prefix caches, and the ``cache_salt`` a worker
+  gets for a tenant (a keyed hash: a worker's logs never show a tenant's name).
+* :mod:`.owners`: which worker and tenant made each stored ``/v1/responses`` response, in
+  memory or in Redis (shared by replicas), for a TTL.
+"""
