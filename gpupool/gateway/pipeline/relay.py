@@ -85,6 +85,8 @@ class Relay:
         data = await self.dispatcher.send(ex)
         if ex.plan.transform is not None:
             self.fit(ex)
+        if data is not None and ex.resp is not None and ex.resp.status == 400:
+            data = self._refused(ex, data)
         return data
 
     def fit(self, ex: Exchange) -> None:
@@ -214,7 +216,6 @@ class Relay:
         assert resp is not None
         if data is not None:
             ex.status = str(resp.status)
-            data = self._refused(ex, data) if resp.status == 400 else data
             return Reply(resp.status, self._headers(resp, ex), data, after=ex.aclose)
         return Reply(resp.status, self._headers(resp, ex), stream=self.events(ex), after=ex.aclose)
 
