@@ -38,6 +38,7 @@ from gpupool.gateway.parse import ReadLimits
 from gpupool.gateway.security.keys import KeysFileError, key_name
 from gpupool.gateway.security.middleware import AuthState
 from gpupool.gateway.services import Services, make_worker
+from gpupool.gateway.tenancy.cache import CacheScope
 
 log = logging.getLogger("gpupool.reload")
 
@@ -52,6 +53,7 @@ LIVE: dict[str, frozenset[str] | None] = {
     "server": frozenset({"max_json_depth", "max_n", "max_sequences", "max_json_containers"}),
     "queue": frozenset({"max_wait_s"}),
     "routing": frozenset({"retries", "exact_count_margin"}),
+    "tenancy": frozenset({"cache", "salt_secret"}),
 }
 _WORKER_SECTIONS = frozenset({"models", "workers"})
 
@@ -193,6 +195,9 @@ def _swap(svc: Services, live: Live, removed: list[str]) -> int:
     svc.key_limits.default_reserve_tokens = live.cfg.auth.tpm_reserve_tokens
     svc.pipeline.read_limits = live.read_limits
     svc.pipeline.dispatcher.routing = live.cfg.routing
+    svc.pipeline.cache = CacheScope.from_config(  # isolated or not, by the tenants now
+        live.cfg.tenancy, live.cfg.auth, live.auth.store.keys.values()
+    )
     for section in type(live.cfg).model_fields:
         if section not in _WORKER_SECTIONS:
             setattr(svc.cfg, section, getattr(live.cfg, section))

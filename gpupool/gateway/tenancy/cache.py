@@ -14,7 +14,8 @@ one reuses its KV blocks and its first token comes sooner. Across tenants that i
   sends a tenant to the worker holding another tenant's prefix.
 
 ``tenancy.cache: shared`` turns all of it off (one organisation sharing its cache on purpose);
-``auto`` isolates when auth is on and its keys name more than one tenant.
+``auto`` isolates when auth is on and its keys name more than one tenant; a reload that adds or
+removes tenants (or changes ``tenancy.cache`` or ``salt_secret``) decides again.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ import base64
 import hashlib
 import hmac
 import secrets
+from collections.abc import Iterable
 
-from gpupool.config.models import AuthConfig, CacheSharing, TenancyConfig
+from gpupool.config.models import ApiKey, AuthConfig, CacheSharing, TenancyConfig
 from gpupool.gateway.errors import InvalidBody
 
 # vLLM's own rule for a cache salt (generate/base/protocol.py ``validate_cache_salt``)
@@ -32,15 +34,17 @@ _MAX_SALT = 128
 _FORBIDDEN = frozenset("@/\\\x00")
 
 
-def tenants_of(auth: AuthConfig) -> set[str]:
-    """The tenants the configured keys name (a key's tenant, else its name)."""
+def tenants_of(auth: AuthConfig, keys: Iterable[ApiKey] | None = None) -> set[str]:
+    """The tenants the client keys name (a key's tenant, else its name): ``keys`` as loaded,
+    else the config's and its keys file's."""
     from gpupool.gateway.security.keys import all_keys, key_name
 
-    try:
-        found = all_keys(auth)
-    except (OSError, ValueError):
-        found = list(auth.keys)
-    return {k.tenant or key_name(k) for k in found}
+    if keys is None:
+        try:
+            keys = all_keys(auth)
+        except (OSError, ValueError):
+            keys = auth.keys
+    return {k.tenant or key_name(k) for k in keys}
 
 
 class CacheScope:
@@ -54,13 +58,16 @@ class CacheScope:
         self._salts: dict[str, str] = {}
 
     @classmethod
-    def from_config(cls, tenancy: TenancyConfig, auth: AuthConfig) -> CacheScope:
+    def from_config(
+        cls, tenancy: TenancyConfig, auth: AuthConfig, keys: Iterable[ApiKey] | None = None
+    ) -> CacheScope:
+        """As configured; ``keys``: the client keys already loaded (a reload's), if any."""
         if tenancy.cache is CacheSharing.shared:
             isolated = False
         elif tenancy.cache is CacheSharing.tenant:
             isolated = True
         else:
-            isolated = auth.enabled and len(tenants_of(auth)) > 1
+            isolated = auth.enabled and len(tenants_of(auth, keys)) > 1
         return cls(isolated, _secret(tenancy, auth))
 
     def owner(self, tenant: str) -> str | None:

@@ -78,9 +78,9 @@ class FakeWorker:
         if prev is not None and prev not in self.responses:
             return _not_found(prev)
         rid = body.get("request_id") or f"resp_{time.monotonic_ns():032x}"
-        resp: dict[str, Any] = {"id": rid, "object": "response", "model": self.model, "status": "completed",
-                "output": [], "usage": {"input_tokens": 3, "output_tokens": 1,
-                                        "total_tokens": 4}}  # fmt: skip
+        usage = {"input_tokens": 3, "output_tokens": 1, "total_tokens": 4}
+        resp: dict[str, Any] = {"id": rid, "object": "response", "model": self.model,
+                                "status": "completed", "output": [], "usage": usage}  # fmt: skip
         if body.get("store", True):
             self.responses[rid] = resp
         return 200, resp

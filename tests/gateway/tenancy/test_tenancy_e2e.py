@@ -12,11 +12,13 @@ import hashlib
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
+import yaml
 
 from tests.gateway.tenancy.fake_worker import FakeWorker
 from tests.hostile_tools import assert_nothing_held
@@ -296,3 +298,26 @@ def test_a_stored_response_route_takes_only_its_methods(pool: Pool) -> None:
     assert r.status_code == 405
     r = httpx.get(pool.gw + "/v1/responses/resp_x", timeout=10)
     assert r.status_code == 401
+
+
+def test_a_reload_that_adds_a_tenant_isolates_caches(tmp_path: Path) -> None:
+    """`tenancy.cache: auto` decides again on reload: one tenant, no salt (vLLM's bytes as
+    sent); a second tenant's key reloaded in, salts from the next request."""
+    w = FakeWorker(MODEL)
+    one = {**_auth(), "keys": _auth()["keys"][:2]}  # team-a only
+    with w.running():
+        g = gateway({"models": [{"name": MODEL}], "auth": one,
+                     "workers": [{"name": "w1", "model": MODEL, "url": w.url}]}, tmp_path)
+        path = Path(g.argv[g.argv.index("--config") + 1])
+        with running(g):
+            wait_ready(g.url)
+            body = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
+            r = httpx.post(g.url + "/v1/completions", json=body, headers=_k(A1), timeout=30)
+            assert r.status_code == 200 and "cache_salt" not in w.seen[-1].body
+            cfg_now = yaml.safe_load(path.read_text())
+            cfg_now["auth"] = _auth()
+            path.write_text(yaml.safe_dump(cfg_now))
+            r = httpx.post(g.url + "/admin/reload", headers=ADMIN_H, timeout=30)
+            assert r.status_code == 200, r.text
+            r = httpx.post(g.url + "/v1/completions", json=body, headers=_k(A1), timeout=30)
+            assert r.status_code == 200 and "cache_salt" in w.seen[-1].body
