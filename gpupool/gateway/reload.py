@@ -46,11 +46,13 @@ DRAIN_ON_RELOAD_S = 60.0
 
 # Section -> the fields a reload applies (None: all of them). ``models`` and ``workers`` are
 # the worker diff's (``_workers``). Everything else needs a restart: the listening socket and
-# its protocol limits (server.host, port, ssl_*, header_*), the upstream client's timeouts, the
-# queue backend and its admission settings, the router's and the health checks' settings.
+# its protocol limits (server.host, port, ssl_*, header_*), the upstream client's timeouts and
+# bounds, the queue backend and its admission settings, the router's and the health checks'.
+_READ = ("max_json_depth", "max_n", "max_sequences", "max_json_containers")  # the pipeline's
+_FRONT = ("max_body_bytes", "body_timeout_s", "log_prompts")  # the front door's (reload_hooks)
 LIVE: dict[str, frozenset[str] | None] = {
     "auth": None,
-    "server": frozenset({"max_json_depth", "max_n", "max_sequences", "max_json_containers"}),
+    "server": frozenset({*_READ, *_FRONT, "expose_worker_header"}),
     "queue": frozenset({"max_wait_s"}),
     "routing": frozenset({"retries", "exact_count_margin"}),
     "tenancy": frozenset({"cache", "salt_secret"}),
@@ -194,6 +196,7 @@ def _swap(svc: Services, live: Live, removed: list[str]) -> int:
     svc.auth.swap(live.auth)
     svc.key_limits.default_reserve_tokens = live.cfg.auth.tpm_reserve_tokens
     svc.pipeline.read_limits = live.read_limits
+    svc.pipeline.relay.worker_header = live.cfg.server.expose_worker_header
     svc.pipeline.dispatcher.routing = live.cfg.routing
     svc.pipeline.cache = CacheScope.from_config(  # isolated or not, by the tenants now
         live.cfg.tenancy, live.cfg.auth, live.auth.store.keys.values()
@@ -201,6 +204,8 @@ def _swap(svc: Services, live: Live, removed: list[str]) -> int:
     for section in type(live.cfg).model_fields:
         if section not in _WORKER_SECTIONS:
             setattr(svc.cfg, section, getattr(live.cfg, section))
+    for hook in svc.reload_hooks:
+        hook(live.cfg)
     return svc.key_requests.revoke(removed)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +95,8 @@ class Services:
     auth: Authenticator = field(kw_only=True)
     key_requests: KeyRequests = field(kw_only=True)
     reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock, kw_only=True)  # reload.py
+    # parts above the services that take a reloaded config's settings (the front door's)
+    reload_hooks: list[Callable[[GpupoolConfig], None]] = field(default_factory=list, kw_only=True)
     replica_id: str = field(default_factory=new_replica_id)
     restarts_seen: dict[str, int] = field(default_factory=dict)
     config_path: str | Path | None = None

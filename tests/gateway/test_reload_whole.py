@@ -349,3 +349,17 @@ def test_sighup_reloads_as_the_admin_route_does(stack: Stack) -> None:
     _until(lambda: refused(alice))
     assert _chat(bob)  # the process lives on (a SIGHUP used to end it)
     assert '"removed": ["alice"]' in stack.gw.logs()
+
+
+def test_the_front_doors_limits_and_headers_change_too(stack: Stack) -> None:
+    stack.edit(server={"max_body_bytes": 2000, "expose_worker_header": True})
+    applied = stack.reload().json()["settings"]["applied"]
+    assert applied == ["server.expose_worker_header", "server.max_body_bytes"]
+    alice = stack.client(ALICE)
+    with pytest.raises(openai.APIStatusError) as e:
+        _chat(alice, "x" * 3000)
+    assert e.value.status_code == 413
+    r = alice.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
+    assert r.headers["x-gpupool-worker"] == "w"

@@ -72,6 +72,7 @@ def create_app(
             on_services(built)
         app.state.services = front.services = built
         front.auth = built.auth  # the one a reload swaps (the middleware finds it on the state)
+        built.reload_hooks.append(front.configure)
         await built.start()
         stop_hup = reload_on_sighup(built)  # `kill -HUP` reloads the config, as the admin route
         # Everything built so far lives as long as the server: move it out of the cyclic

@@ -65,6 +65,12 @@ class Front:
         self.log_prompts = cfg.server.log_prompts
         self.services: Services | None = None  # set by the app's lifespan, before any request
 
+    def configure(self, cfg: GpupoolConfig) -> None:
+        """Take the settings a config reload changes here (``reload.LIVE``): the body's size
+        and time limits (read by the lane too) and the prompt log."""
+        self.server = cfg.server
+        self.log_prompts = cfg.server.log_prompts
+
     # ---- through ASGI (any server; under `gpupool serve`, what the lane does not take) ----
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
