@@ -42,8 +42,9 @@ class ServerConfig(_Strict):
     max_sequences: int = Field(
         256,
         gt=0,
-        description="Most sequences one request may generate or embed: `n` x prompts for "
-        "completions, inputs for embeddings; beyond it: 400.",
+        description="Most sequences one request may generate or run: `n` x prompts for "
+        "completions; inputs for embeddings, classify and pooling; (query, document) pairs for "
+        "score and rerank; beyond it: 400.",
     )
     max_json_containers: int = Field(
         200_000,
