@@ -128,6 +128,9 @@ def setup(args: argparse.Namespace) -> tuple[Lane, Path, dict[str, Any], Path]:
             "model_config": _json(args.shape / "config.json"),
             "effective_config": cfg,
             "budget_s": args.budget_s,
+            # the gpupool this run measures (fingerprint; commit and clean where git is at hand):
+            # report.py turns it into meta.commit / meta.clean when it publishes the result
+            "gpupool_tree": report.tree_identity(),
         },
     )
     return lane, config_path, cfg, work / "state"

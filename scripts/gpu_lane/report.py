@@ -4,11 +4,21 @@
 
 copies each result to ``docs/gpu/<date>-<phase>.json``, writes ``docs/gpu/<date>-<phase>.md`` and
 regenerates the table between the markers in ``docs/gpu.md`` from every JSON in ``docs/gpu/``.
+
+Every result carries what it measured: the lane's check records the gpupool package it ran
+(``meta.gpupool_tree``: a fingerprint of its files as git blob ids, and the commit and whether
+the tree was clean where git is at hand). The machine gets no ``.git``, so here, when a result
+is published, the fingerprint is looked up among the last commits (``meta.commit``,
+``meta.clean``: no commit matches → measured an uncommitted tree). The table shows the commit
+and flags a row older than the last change under ``gpupool/gateway/routing/`` or ``admission/``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,6 +26,94 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 START, END = "<!-- results:start -->", "<!-- results:end -->"
+PACKAGE = "gpupool"
+FINGERPRINTED = (".py", ".json")
+ROUTING_PATHS = ("gpupool/gateway/routing", "gpupool/gateway/admission")
+SEARCH_COMMITS = 400
+
+
+def _blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+
+
+def _fingerprint(entries: list[tuple[str, str]]) -> str:
+    text = "\n".join(f"{path} {blob}" for path, blob in sorted(entries))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _git(*args: str) -> str | None:
+    try:
+        r = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
+                           timeout=30)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return r.stdout if r.returncode == 0 else None
+
+
+def tree_identity(package_dir: Path | None = None) -> dict[str, Any]:
+    """What gpupool this process would run: its files' fingerprint, and (with git) the commit."""
+    if package_dir is None:
+        spec = importlib.util.find_spec(PACKAGE)
+        locations = list(spec.submodule_search_locations or []) if spec else []
+        package_dir = Path(locations[0]) if locations else ROOT / PACKAGE
+    entries = [
+        (f"{PACKAGE}/{p.relative_to(package_dir).as_posix()}", _blob_id(p.read_bytes()))
+        for p in package_dir.rglob("*")
+        if p.suffix in FINGERPRINTED and p.is_file() and "__pycache__" not in p.parts
+    ]
+    out: dict[str, Any] = {
+        "fingerprint": _fingerprint(entries),
+        "files": len(entries),
+        "from": str(package_dir),
+    }
+    head = _git("rev-parse", "HEAD") if (ROOT / ".git").exists() else None
+    if head and package_dir.resolve() == (ROOT / PACKAGE).resolve():
+        out["commit"] = head.strip()
+        out["clean"] = _git("status", "--porcelain", "--", PACKAGE) == ""
+    return out
+
+
+def commit_fingerprint(commit: str) -> str | None:
+    listing = _git("ls-tree", "-r", commit, "--", PACKAGE)
+    if listing is None:
+        return None
+    entries = []
+    for line in listing.splitlines():
+        meta, _, path = line.partition("\t")
+        if Path(path).suffix in FINGERPRINTED:
+            entries.append((path, meta.split()[2]))
+    return _fingerprint(entries)
+
+
+def resolve_commit(identity: dict[str, Any]) -> tuple[str | None, bool | None]:
+    """(commit, clean) of a measured tree: as recorded, else the commit whose gpupool/ has the
+    same fingerprint (clean), else (None, False): an uncommitted tree."""
+    if identity.get("commit"):
+        return identity["commit"], identity.get("clean")
+    wanted = identity.get("fingerprint")
+    commits = _git("rev-list", f"--max-count={SEARCH_COMMITS}", "HEAD")
+    if not wanted or commits is None:
+        return None, None
+    for commit in commits.split():
+        if commit_fingerprint(commit) == wanted:
+            return commit, True
+    return None, False
+
+
+def routing_change_since(commit: str) -> str | None:
+    """The newest commit after ``commit`` that changed routing or admission (short hash, date)."""
+    out = _git("log", "-1", "--format=%h %cs", f"{commit}..HEAD", "--", *ROUTING_PATHS)
+    return out.strip() or None if out is not None else None
+
+
+def commit_cell(r: dict[str, Any]) -> str:
+    m = r.get("meta", {})
+    commit = m.get("commit")
+    if not commit:
+        return "uncommitted tree" if m.get("clean") is False else "not recorded"
+    cell = commit[:8] + ("" if m.get("clean", True) else " + changes")
+    newer = routing_change_since(commit)
+    return cell + (f" (older than routing/admission {newer})" if newer else "")
 
 
 def _g(d: Any, *keys: Any) -> Any:
@@ -59,6 +157,9 @@ def planner_cell(r: dict[str, Any]) -> str:
     for name, p in (_g(r, "planner") or {}).items():
         if isinstance(p, dict) and "kv_tokens_err_pct" in p:
             cells.append(f"{name} {_f(p['kv_tokens_err_pct'], '{:+.2f} %')}")
+    for name, case in (_g(r, "cases") or {}).items():  # planner_shapes.py
+        err = _g(case, "compare", "kv_tokens_err_pct")
+        cells.append(f"{name} {_f(err, '{:+.2f} %')}")
     return ", ".join(cells) or "-"
 
 
@@ -107,7 +208,8 @@ def row(r: dict[str, Any], link: str) -> list[str]:
     return [
         m.get("date", "?"),
         m.get("phase", "?"),
-        _f(_g(r, "hardware", "versions", "vllm")),
+        commit_cell(r),
+        _f(_g(r, "hardware", "versions", "vllm") or m.get("vllm")),
         gpu_name(r),
         ready_cell(r),
         compile_times(r) + (f"; warm cache: {warm}" if warm else ""),
@@ -127,6 +229,7 @@ def row(r: dict[str, Any], link: str) -> list[str]:
 HEADER = [
     "date",
     "phase",
+    "gpupool commit",
     "vLLM",
     "GPU",
     "ready (s)",
@@ -196,7 +299,9 @@ def publish(src_dirs: list[Path]) -> list[Path]:
     for d in src_dirs:
         for src in sorted(d.glob("result-*.json")):
             r = json.loads(src.read_text())
-            m = r.get("meta", {})
+            m = r.setdefault("meta", {})
+            if "commit" not in m:
+                m["commit"], m["clean"] = resolve_commit(m.get("gpupool_tree") or {})
             stem = m.get("date", "undated").replace(" UTC", "").replace(" ", "-").replace(":", "")
             stem = f"{stem}-{m.get('phase', 'phase')}"
             (gpu_dir / f"{stem}.json").write_text(json.dumps(r, indent=1) + "\n")
@@ -215,7 +320,25 @@ def regenerate_table() -> None:
     text = doc.read_text() if doc.exists() else f"# gpupool on GPUs\n\n{START}\n{END}\n"
     head, _, rest = text.partition(START)
     _, _, tail = rest.partition(END)
-    doc.write_text(f"{head}{START}\n{table(results)}\n{END}{tail}")
+    doc.write_text(f"{head}{START}\n{stale_note(results)}{table(results)}\n{END}{tail}")
+
+
+def stale_note(results: list[tuple[dict[str, Any], str]]) -> str:
+    """A line over the table: which rows measured code older than routing's or admission's."""
+    last = _git("log", "-1", "--format=%h %cs", "--", *ROUTING_PATHS)
+    if not last:
+        return ""
+    old = [
+        f"{r.get('meta', {}).get('date', '?')} {r.get('meta', {}).get('phase', '?')}"
+        for r, _ in results
+        if not r.get("meta", {}).get("commit") or routing_change_since(r["meta"]["commit"])
+    ]
+    if not old:
+        return f"Every row measured the routing and admission of {last.strip()} or later.\n\n"
+    return (
+        f"Routing or admission last changed in {last.strip()}; rows measured before it, or "
+        f"whose commit was not recorded, do not show that code: {', '.join(old)}.\n\n"
+    )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,60 @@
+"""scripts/gpu_lane/report.py: a lane result names the gpupool commit it measured (issue 25).
+
+The H200 gets the working tree without ``.git``, so the check records a fingerprint of the
+gpupool package it ran and the report finds the commit with the same files here."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tarfile
+from io import BytesIO
+from pathlib import Path
+
+import pytest
+
+from tests.procs import ROOT
+
+sys.path.insert(0, str(ROOT / "scripts" / "gpu_lane"))
+import report
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
+                          check=True, timeout=30).stdout.strip()  # fmt: skip
+
+
+def export(commit: str, dest: Path) -> Path:
+    """gpupool/ as committed in ``commit``, the way a wheel would carry it (no .git)."""
+    data = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "gpupool"],
+                          capture_output=True, check=True, timeout=60).stdout  # fmt: skip
+    with tarfile.open(fileobj=BytesIO(data)) as tar:
+        tar.extractall(dest, filter="data")
+    return dest / "gpupool"
+
+
+def test_a_committed_tree_is_found_by_its_files(tmp_path: Path) -> None:
+    head = git("rev-parse", "HEAD")
+    identity = report.tree_identity(export(head, tmp_path))
+    assert "commit" not in identity  # no git beside an installed package
+    assert report.resolve_commit(identity) == (head, True)
+
+
+def test_a_changed_tree_is_called_uncommitted(tmp_path: Path) -> None:
+    package = export(git("rev-parse", "HEAD"), tmp_path)
+    (package / "cli" / "main.py").write_text("# changed on the way to the GPU\n")
+    assert report.resolve_commit(report.tree_identity(package)) == (None, False)
+
+
+def test_a_row_older_than_routing_says_so() -> None:
+    changed = git("log", "-1", "--format=%H", "--", *report.ROUTING_PATHS)
+    if not changed:
+        pytest.skip("no routing change in this history")
+    before = git("rev-parse", f"{changed}~1")
+    cell = report.commit_cell({"meta": {"commit": before, "clean": True}})
+    assert cell.startswith(before[:8]) and "older than routing/admission" in cell
+    assert "older" not in report.commit_cell({"meta": {"commit": changed, "clean": True}})
+    assert report.commit_cell({"meta": {}}) == "not recorded"
+    assert report.commit_cell({"meta": {"commit": changed, "clean": False}}).endswith(
+        "+ changes"
+    )
