@@ -55,6 +55,4 @@ def test_a_row_older_than_routing_says_so() -> None:
     assert cell.startswith(before[:8]) and "older than routing/admission" in cell
     assert "older" not in report.commit_cell({"meta": {"commit": changed, "clean": True}})
     assert report.commit_cell({"meta": {}}) == "not recorded"
-    assert report.commit_cell({"meta": {"commit": changed, "clean": False}}).endswith(
-        "+ changes"
-    )
+    assert report.commit_cell({"meta": {"commit": changed, "clean": False}}).endswith("+ changes")
