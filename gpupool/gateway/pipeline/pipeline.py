@@ -320,9 +320,11 @@ class Pipeline:
             n = await exact_count(self.client, counter.url, req.body, model.name, chat)
             if n is not None:
                 tokens.learn(model.name, len(req.raw), n)
-                return route(n, True)
-        # Not counted: a bound is no reason to refuse; the largest window tries, vLLM judges
-        # (and a context-length 400 moves it no further: there is no larger window).
+                if n < max(windows):
+                    return route(n, True)
+        # Not counted, or counted longer than every window: the largest window tries and vLLM
+        # judges, so its 400 is vLLM's own (for a long text it names characters, not tokens;
+        # a prompt vLLM truncates may pass). A context-length 400 moves it no further.
         return route(min(bound, max(windows) - 1), False)
 
 
