@@ -70,6 +70,20 @@ def test_compose_file_matches_the_compose_spec(compose: dict[str, Any]) -> None:
     assert not errors, "\n".join(errors)
 
 
+def test_sim_stack_matches_the_compose_spec_and_its_config_loads() -> None:
+    """docker/compose.sim.yaml (what tests/deploy/test_stack.py runs) is valid Compose, and its
+    gateway configuration finds the `worker` service by DNS."""
+    sim = _interpolate(yaml.safe_load((DOCKER / "compose.sim.yaml").read_text()))
+    validator = Draft202012Validator(_compose_schema())
+    errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in
+              validator.iter_errors(sim)]  # fmt: skip
+    assert not errors, "\n".join(errors)
+    cfg = load_config(DOCKER / "gpupool.sim.yaml")
+    (entry,) = cfg.workers
+    assert entry.discover is not None and entry.discover.dns in sim["services"]
+    assert cfg.queue.redis_url.startswith("redis://redis:") and "redis" in sim["services"]
+
+
 def test_compose_spec_schema_catches_mistakes(compose: dict[str, Any]) -> None:
     """The schema is not vacuous: a misspelt key and a bad GPU reservation are errors."""
     validator = Draft202012Validator(_compose_schema())
@@ -289,7 +303,9 @@ def test_dockerfile_runs_gpupool_serve_as_non_root(
     assert dockerfile.baseimage == "python:3.11-slim"
     user = _instruction(stage, "USER")
     assert user.split(":")[0] not in ("root", "0")
-    assert any(i["instruction"] == "RUN" and "pip install" in i["value"] for i in stage)
+    # gpupool is installed into a virtual environment in the build stage and copied over
+    assert any(i["instruction"] == "COPY" and "/opt/gpupool /opt/gpupool" in i["value"] for i in stage)
+    assert "/opt/gpupool/bin:" in _instruction(stage, "ENV")
     assert json.loads(_instruction(stage, "ENTRYPOINT")) == ["gpupool"]
     cmd = json.loads(_instruction(stage, "CMD"))
     assert cmd == ["serve", "--config", "/etc/gpupool/gpupool.yaml"]
@@ -323,6 +339,25 @@ def test_dockerignore_keeps_what_the_dockerfile_copies(dockerfile: DockerfilePar
             assert all(s.rstrip("/") in kept for s in sources), ins["value"]
 
 
+def test_dockerfile_builds_without_a_frontend_image() -> None:
+    """No `# syntax=` line: BuildKit would pull docker/dockerfile from a registry for it."""
+    for name in ("Dockerfile", "worker.Dockerfile"):
+        first = (DOCKER / name).read_text().splitlines()[0]
+        assert not first.lower().replace(" ", "").startswith("#syntax="), name
+
+
+def test_dockerignore_files_agree() -> None:
+    """BuildKit reads docker/<Dockerfile>.dockerignore, the legacy builder and Compose v1 the
+    root .dockerignore: both send the same files."""
+
+    def rules(path: Path) -> list[str]:
+        return [ln for ln in path.read_text().splitlines() if ln and not ln.startswith("#")]
+
+    root = rules(ROOT / ".dockerignore")
+    assert rules(DOCKER / "Dockerfile.dockerignore") == root
+    assert rules(DOCKER / "worker.Dockerfile.dockerignore") == root
+
+
 def test_image_command_serves_and_passes_its_healthcheck(
     dockerfile: DockerfileParser, tmp_path: Path
 ) -> None:
@@ -348,3 +383,31 @@ def test_image_command_serves_and_passes_its_healthcheck(
         assert json.loads(sd_file_path(tmp_path / "state").read_text()) == []  # none ready
     # and the healthcheck fails once the gateway is gone
     assert subprocess.run(check, capture_output=True, timeout=10).returncode != 0
+
+
+# --- the worker image (docker/worker.Dockerfile) -------------------------------------------
+
+
+def test_worker_image_runs_gpupool_over_the_official_vllm_image() -> None:
+    """FROM the official vLLM image (the same tag docker/compose.yaml runs), gpupool in its own
+    virtual environment (vLLM's packages untouched), gpupool serve as the entry point."""
+    parser = DockerfileParser(str(DOCKER / "worker.Dockerfile"))
+    compose_image = _interpolate(yaml.safe_load(COMPOSE.read_text())["x-vllm"]["image"])
+    assert parser.baseimage == compose_image and compose_image.startswith("vllm/vllm-openai:")
+    stage = _last_stage(parser)
+    run = " ".join(i["value"] for i in stage if i["instruction"] == "RUN")
+    assert "python3 -m venv /opt/gpupool" in run and "/opt/gpupool/bin/pip install" in run
+    assert json.loads(_instruction(stage, "ENTRYPOINT")) == ["gpupool"]
+    assert json.loads(_instruction(stage, "CMD")) == ["serve", "--config", "/etc/gpupool/gpupool.yaml"]
+    assert "/health" in _instruction(stage, "HEALTHCHECK")
+
+
+def test_worker_config_is_seed000_with_caches_on_the_state_volume() -> None:
+    """The worker image's configuration is seed 000's, supervised inside the container, with
+    state (and so the GPU-keyed caches, <state_dir>/cache/<sm_XY>) at /var/lib/gpupool."""
+    worker = load_config(DOCKER / "gpupool.worker.yaml")
+    seed = load_config(SEED000)
+    assert worker.models == seed.models and worker.workers == seed.workers
+    assert all(w.launch is not None for w in worker.workers)
+    assert worker.server.host == "0.0.0.0" and worker.server.port == 8000
+    assert worker.server.state_dir == "/var/lib/gpupool"

@@ -46,10 +46,22 @@ class Dnsmasq:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> Dnsmasq:
-        argv = [self.binary, "--keep-in-foreground", f"--port={self.port}",
-                "--listen-address=127.0.0.1", "--bind-interfaces", "--no-resolv", "--no-hosts",
-                f"--addn-hosts={self.hosts}", f"--conf-file={self.conf}", f"--local=/{DOMAIN}/",
-                "--user=root", "--pid-file=", f"--log-facility={self.log}", "--log-queries"]  # fmt: skip
+        argv = [
+            self.binary,
+            "--keep-in-foreground",
+            f"--port={self.port}",
+            "--listen-address=127.0.0.1",
+            "--bind-interfaces",
+            "--no-resolv",
+            "--no-hosts",
+            f"--addn-hosts={self.hosts}",
+            f"--conf-file={self.conf}",
+            f"--local=/{DOMAIN}/",
+            "--user=root",
+            "--pid-file=",
+            f"--log-facility={self.log}",
+            "--log-queries",
+        ]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         self._wait_listening()
         return self

@@ -9,17 +9,16 @@ none may fail. What each worker received is read from its own ``/sim/stats``.
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import openai
 import pytest
 
 from tests.deploy.dns import DOMAIN, Dnsmasq, dnsmasq_binary
+from tests.deploy.load import Load, wait_until
 from tests.hostile_tools import assert_nothing_held
 from tests.procs import Proc, free_port, gateway, running, sim, wait_http
 
@@ -51,8 +50,9 @@ def _config(discover: dict[str, Any]) -> dict[str, Any]:
 
 
 def _worker(host: str, port: int, tmp: Path, **opts: Any) -> Proc:
-    proc = sim(port, model=MODEL, tmp=tmp, host=host, itl_ms=20, output_tokens=12,
-               max_num_seqs=16, **opts)  # fmt: skip
+    proc = sim(
+        port, model=MODEL, tmp=tmp, host=host, itl_ms=20, output_tokens=12, max_num_seqs=16, **opts
+    )
     proc.url = f"http://{host}:{port}"
     proc.log_path = tmp / f"sim-{host}-{port}.log"
     return proc
@@ -63,56 +63,8 @@ def _states(gw: str) -> dict[str, str]:
     return {w["name"]: w["state"] for w in data}
 
 
-def _wait(cond: Callable[[], bool], what: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def _requests(worker: Proc) -> int:
     return int(httpx.get(worker.url + "/sim/stats", timeout=10).json()["requests_total"])
-
-
-class Load:
-    """Clients streaming chat completions through the gateway until stopped."""
-
-    def __init__(self, gw: str, clients: int = 6) -> None:
-        self.client = openai.OpenAI(base_url=gw + "/v1", api_key="none", max_retries=0)
-        self.ok = 0
-        self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
-
-    def __enter__(self) -> Load:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=60)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                stream = self.client.chat.completions.create(
-                    model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True,
-                    max_tokens=12,
-                )  # fmt: skip
-                text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-                assert text, "empty answer"
-                with self._lock:
-                    self.ok += 1
-            except Exception as e:  # every failure is the finding
-                with self._lock:
-                    self.errors.append(f"{type(e).__name__}: {e}")
-
-    def wait_for(self, n: int) -> None:
-        target = self.ok + n
-        _wait(lambda: self.ok >= target or bool(self.errors), f"{n} more answers")
 
 
 def test_a_records_scale_down_and_up_under_load(dns: Dnsmasq, tmp_path: Path) -> None:
@@ -126,26 +78,26 @@ def test_a_records_scale_down_and_up_under_load(dns: Dnsmasq, tmp_path: Path) ->
     gw = gateway(_config(discover), tmp_path)
     wa, wb, wc = (f"pool@127.0.0.{i}:{port}" for i in (11, 12, 13))
     with running(a, b, c), running(gw, ready_path="/ready"):
-        _wait(lambda: _states(gw.url) == {wa: "ready", wb: "ready"}, "both workers ready")
+        wait_until(lambda: _states(gw.url) == {wa: "ready", wb: "ready"}, "both workers ready")
         httpx.post(c.url + "/sim/control", json={"health_fail": True}, timeout=10)
-        with Load(gw.url) as load:
+        with Load(gw.url, MODEL) as load:
             load.wait_for(20)
-            _wait(lambda: _requests(b) > 0, "traffic on b")
+            wait_until(lambda: _requests(b) > 0, "traffic on b")
             dns.set_a(name, ["127.0.0.11"])  # b leaves
-            _wait(lambda: wb not in _states(gw.url), "b removed")
+            wait_until(lambda: wb not in _states(gw.url), "b removed")
             served_by_b = _requests(b)
             load.wait_for(20)
             assert _requests(b) == served_by_b, "b got requests after it left DNS"
 
             dns.set_a(name, ["127.0.0.11", "127.0.0.13"])  # c appears, not ready yet
-            _wait(lambda: _states(gw.url).get(wc) == "starting", "c seen, starting")
+            wait_until(lambda: _states(gw.url).get(wc) == "starting", "c seen, starting")
             load.wait_for(20)
             assert _requests(c) == 0, "c got requests before its probe passed"
             assert _states(gw.url)[wc] == "starting"
             httpx.post(c.url + "/sim/control", json={"health_fail": False}, timeout=10)
-            _wait(lambda: _states(gw.url).get(wc) == "ready", "c ready")
+            wait_until(lambda: _states(gw.url).get(wc) == "ready", "c ready")
             load.wait_for(20)
-            _wait(lambda: _requests(c) > 0, "traffic on c")
+            wait_until(lambda: _requests(c) > 0, "traffic on c")
         assert not load.errors, load.errors[:5]
         assert load.ok >= 80
         assert_nothing_held(gw.url)
@@ -162,21 +114,26 @@ def test_srv_records_and_a_failing_server_keep_the_last_good_set(
     w1, w2 = _worker("127.0.0.1", p1, tmp_path), _worker("127.0.0.1", p2, tmp_path)
     dns.set_a(f"w.{DOMAIN}", ["127.0.0.1"])
     dns.set_srv(srv, [(f"w.{DOMAIN}", p1), (f"w.{DOMAIN}", p2)])
-    discover = {"dns": srv, "record": "srv", "every_s": EVERY_S, "timeout_s": 0.5,
-                "nameservers": [dns.nameserver]}  # fmt: skip
+    discover = {
+        "dns": srv,
+        "record": "srv",
+        "every_s": EVERY_S,
+        "timeout_s": 0.5,
+        "nameservers": [dns.nameserver],
+    }
     gw = gateway(_config(discover), tmp_path)
     n1, n2 = f"pool@127.0.0.1:{p1}", f"pool@127.0.0.1:{p2}"
     with running(w1, w2), running(gw, ready_path="/ready"):
-        _wait(lambda: _states(gw.url) == {n1: "ready", n2: "ready"}, "both SRV targets ready")
-        with Load(gw.url) as load:
+        wait_until(lambda: _states(gw.url) == {n1: "ready", n2: "ready"}, "both SRV targets ready")
+        with Load(gw.url, MODEL) as load:
             load.wait_for(10)
             dns.stop()
-            _wait(lambda: _failures(gw.url) >= 2, "failed lookups counted")
+            wait_until(lambda: _failures(gw.url) >= 2, "failed lookups counted")
             load.wait_for(10)
             assert _states(gw.url) == {n1: "ready", n2: "ready"}  # the last good set stays
             dns.conf.write_text(f"srv-host={srv},w.{DOMAIN},{p1}\n")
             dns.start()
-            _wait(lambda: n2 not in _states(gw.url), "the second target removed")
+            wait_until(lambda: n2 not in _states(gw.url), "the second target removed")
             served = _requests(w2)
             load.wait_for(10)
             assert _requests(w2) == served
@@ -199,8 +156,12 @@ def test_a_missing_name_is_no_workers_and_the_gateway_still_starts(
     dns: Dnsmasq, tmp_path: Path
 ) -> None:
     """NXDOMAIN is an answer (a service scaled to zero): no workers, not a failure."""
-    discover = {"dns": f"none.{DOMAIN}", "port": 9, "every_s": EVERY_S,
-                "nameservers": [dns.nameserver]}  # fmt: skip
+    discover = {
+        "dns": f"none.{DOMAIN}",
+        "port": 9,
+        "every_s": EVERY_S,
+        "nameservers": [dns.nameserver],
+    }
     gw = gateway(_config(discover), tmp_path)
     with running(gw):
         wait_http(gw.url + "/health")
