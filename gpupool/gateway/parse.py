@@ -47,6 +47,8 @@ class Parsed:
     prefix_key: int | None = None
     sequences: int = 1  # n x prompts: the sequences the worker will generate
     usage_asked: bool = True  # a stream's client asked for the usage chunk
+    # bytes the worker reads more than once: a score or rerank query, paired with each document
+    repeated_bytes: int = 0
 
 
 def _bad(msg: str, param: str | None = None) -> InvalidBody:
@@ -250,7 +252,8 @@ def parse_model_body(raw: bytes, limits: ReadLimits) -> Parsed:
     model decides the worker; every input the worker runs counts as a sequence
     (``pooled_sequences``) against ``server.max_sequences``."""
     body = load_json(raw, limits.max_depth, limits.max_containers)
-    return Parsed(body, raw, _model(body), sequences=_sequences(1, pooled_sequences(body), limits))
+    n = _sequences(1, pooled_sequences(body), limits)
+    return Parsed(body, raw, _model(body), sequences=n, repeated_bytes=_repeated(body, n))
 
 
 # (first, second) fields of vLLM's score and rerank requests: a pair per item of the longer
@@ -267,9 +270,9 @@ def pooled_sequences(body: dict[str, Any]) -> int:
     ``input`` item (a string or a token list; a chat conversation in ``input`` is one) or per
     conversation of a batched ``messages``. Cohere's ``/v2/embed``: one per item.
     """
-    for first, second in _SCORE_PAIRS:
-        if second in body:
-            return max(_items(body.get(first)), _items(body[second]))
+    pair = _pair(body)
+    if pair is not None:
+        return max(_items(pair[0]), _items(pair[1]))
     for name in _BATCHES:
         value = body.get(name)
         if isinstance(value, list):
@@ -281,6 +284,26 @@ def pooled_sequences(body: dict[str, Any]) -> int:
     if isinstance(inputs, list) and inputs and not isinstance(inputs[0], int | dict):
         return len(inputs)
     return 1
+
+
+def _repeated(body: dict[str, Any], pairs: int) -> int:
+    """The bytes of a single score or rerank query the worker reads once more per further
+    pair (each pair is its own prompt), so that a key's token budget counts them."""
+    pair = _pair(body) if pairs > 1 else None
+    query = pair[0] if pair is not None else None
+    if isinstance(query, list):
+        if len(query) != 1:
+            return 0  # as many queries as documents: each is read once
+        query = query[0]
+    return (pairs - 1) * len(orjson.dumps(query)) if query is not None else 0
+
+
+def _pair(body: dict[str, Any]) -> tuple[object, object] | None:
+    """(queries, documents) of a score or rerank body (rerank's single ``query`` too)."""
+    for first, second in _SCORE_PAIRS:
+        if second in body:
+            return body.get(first, body.get("query")), body[second]
+    return None
 
 
 def _items(value: object) -> int:

@@ -246,9 +246,11 @@ class Pipeline:
     def _reserve(self, plan: Plan, req: Parsed) -> int:
         """The tokens this request may spend at most, reserved from the key's budget up front
         (settled to the real usage when it ends): its prompt, counted or estimated from its
-        bytes, and every sequence's ``max_tokens`` (``auth.tpm_reserve_tokens`` without one)."""
+        bytes (a score or rerank query once per document it is paired with), and every
+        sequence's ``max_tokens`` (``auth.tpm_reserve_tokens`` without one)."""
         route = plan.route
-        prompt = route.prompt_tokens if route.exact else len(req.raw) // _BYTES_PER_TOKEN
+        size = len(req.raw) + req.repeated_bytes
+        prompt = route.prompt_tokens if route.exact else size // _BYTES_PER_TOKEN
         max_tokens = req.max_tokens if plan.kind.generates else 0
         return self.key_limits.reserve_for(prompt, max_tokens, n=req.sequences)
 
