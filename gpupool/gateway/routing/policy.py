@@ -14,12 +14,12 @@ that has lately served the gateway's requests at least twice as slowly as the be
 (``pace.py``) counts a quarter of its capacity busier per doubling and, on a tie, ranks after
 the others; so does, on a tie, a worker running work that did not come through the gateway.
 
-Prefix affinity moves a conversation's worker to the front while it has a free slot and is at
-most ``affinity_max_lead`` of its capacity busier than the least busy candidate, so vLLM's
-prefix cache is reused without piling a shared prompt onto one worker. When every candidate is
-full the request queues on all of them, first in line for its own worker's next slot for a
-while (``Decision.prefer_s``); admission still hands it any slot that frees and nobody else
-takes, so a preference never leaves a slot empty (work-conserving).
+Prefix affinity moves a conversation's worker to the front while it has a free slot and is
+among the least busy candidates (``affinity_max_lead``, 0 by default: how much busier it may
+be), so vLLM's prefix cache is reused without piling a shared prompt onto one worker. When
+every candidate is full the request queues on all of them, first in line for its own worker's
+next slot for a while (``Decision.prefer_s``); admission still hands it any slot that frees
+and nobody else takes, so a preference never leaves a slot empty (work-conserving).
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ class Router:
         prefix_affinity: bool = True,
         window_reserve_s: float = 60.0,
         affinity_wait_s: float = 2.0,
-        affinity_max_lead: float = 0.25,
+        affinity_max_lead: float = 0.0,
     ) -> None:
         self.affinity = AffinityTable()
         self.tokens = TokenEstimate()  # a prompt's tokens from its bytes, learned per model

@@ -23,11 +23,18 @@ def first(router: Router, r: RouteRequest, workers: list[Worker]) -> str:
     return router.decide(r, workers).candidates[0].name
 
 
-def test_a_conversation_returns_to_its_worker_while_it_has_a_free_slot() -> None:
-    router, a, b = Router(), worker("a"), worker("b")
+def test_a_conversation_returns_to_its_worker_while_it_is_among_the_least_busy() -> None:
+    router, a, b = Router(), worker("a", inflight=1), worker("b", inflight=1)
     router.served(req(key=7), "a")
-    a.inflight = 1  # a quarter busier than idle b: within the lead, its cache is worth it
-    assert first(router, req(key=7), [a, b]) == "a"
+    assert first(router, req(key=7), [a, b]) == "a"  # a tie: its cache decides
+    b.inflight = 0
+    assert first(router, req(key=7), [a, b]) == "b"  # busier than b: it moves
+
+
+def test_a_wider_lead_keeps_a_conversation_on_a_busier_worker() -> None:
+    router, a, b = Router(affinity_max_lead=0.25), worker("a", inflight=1), worker("b")
+    router.served(req(key=7), "a")
+    assert first(router, req(key=7), [a, b]) == "a"  # a quarter busier: within the lead
 
 
 def test_a_conversation_leaves_a_worker_busier_than_the_lead_while_another_idles() -> None:
@@ -165,7 +172,7 @@ def test_a_conversation_leaves_a_worker_full_of_outside_work() -> None:
 def test_a_conversation_stays_for_outside_work_one_scrape_showed() -> None:
     """vLLM may list a request of the gateway's a step after it ended: one scrape showing the
     worker full must not make a conversation re-read its history elsewhere."""
-    router, a, b = Router(), scraped(worker("a", inflight=1), running=6), worker("b")
+    router, a, b = Router(), scraped(worker("a"), running=6), worker("b")
     router.served(req(key=7), "a")
     assert first(router, req(key=7), [a, b]) == "a"
     scraped(a, running=6)  # and the next one too: the worker is full
