@@ -130,7 +130,11 @@ def kv_heads_per_gpu(spec: ModelSpec, tp: int) -> int:
 
 
 def attention_bytes_per_token_layer(spec: ModelSpec, kv_bytes: float, tp: int) -> int:
-    """K and V of one token in one full-attention layer, on one GPU."""
+    """K and V of one token in one attention layer, on one GPU. MLA caches one latent of
+    ``kv_lora_rank + qk_rope_head_dim`` instead, on every rank whole (vLLM's ``MLAAttentionSpec``:
+    one head, no separate V)."""
+    if spec.mla is not None:
+        return round(spec.mla.latent_dim * kv_bytes)
     return round(2 * kv_heads_per_gpu(spec, tp) * spec.attention.head_dim * kv_bytes)
 
 

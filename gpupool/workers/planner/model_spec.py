@@ -44,6 +44,22 @@ class AttentionSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class MlaSpec:
+    """DeepSeek-style multi-head latent attention: one compressed K/V latent per token."""
+
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int = 0  # 0: q is projected directly
+
+    @property
+    def latent_dim(self) -> int:
+        """What vLLM caches per token and layer (``MLAAttentionSpec``: one head of this size)."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True, slots=True)
 class LinearAttentionSpec:
     """Gated DeltaNet layer shape (``linear_*`` fields of Qwen3-Next / Qwen3.5)."""
 
@@ -112,6 +128,7 @@ class ModelSpec:
     quantization_config: Mapping[str, Any] | None
     sliding_window: int | None = None  # tokens a sliding_attention layer keeps
     attention_chunk_size: int | None = None  # tokens of a chunked_attention layer's chunk
+    mla: MlaSpec | None = None  # DeepSeek-style latent attention (``kv_lora_rank``)
 
     @property
     def num_layers(self) -> int:
@@ -189,6 +206,20 @@ def parse_model_spec(data: Any, *, name: str = "model") -> ModelSpec:
         quantization_config=_quantization_config(data, text),
         sliding_window=window if LayerKind.sliding_attention in kinds else None,
         attention_chunk_size=chunk if LayerKind.chunked_attention in kinds else None,
+        mla=_mla_spec(text, name),
+    )
+
+
+def _mla_spec(text: Mapping[str, Any], name: str) -> MlaSpec | None:
+    rank = _opt_int(text, "kv_lora_rank", name)
+    if not rank:
+        return None
+    return MlaSpec(
+        kv_lora_rank=rank,
+        qk_rope_head_dim=_opt_int(text, "qk_rope_head_dim", name) or 64,
+        qk_nope_head_dim=_opt_int(text, "qk_nope_head_dim", name) or 128,
+        v_head_dim=_opt_int(text, "v_head_dim", name) or 128,
+        q_lora_rank=_opt_int(text, "q_lora_rank", name) or 0,
     )
 
 
@@ -336,12 +367,13 @@ def _moe_spec(text: Mapping[str, Any], name: str) -> MoeSpec | None:
     expert_size = _opt_int(text, "moe_intermediate_size", name)
     expert_size = expert_size or _int(text, "intermediate_size", name)
     mlp_only = text.get("mlp_only_layers")
+    dense = len(mlp_only) if isinstance(mlp_only, list) else 0
     return MoeSpec(
         num_experts=experts,
         experts_per_token=_opt_int(text, "num_experts_per_tok", name) or 1,
         expert_intermediate_size=expert_size,
         shared_intermediate_size=_shared_size(text, expert_size, name),
-        dense_layers=len(mlp_only) if isinstance(mlp_only, list) else 0,
+        dense_layers=dense or _opt_int(text, "first_k_dense_replace", name) or 0,  # DeepSeek
     )
 
 

@@ -55,6 +55,8 @@ def total_params(spec: ModelSpec, *, include_mtp: bool = False) -> int:
 
 
 def attention_layer_params(spec: ModelSpec) -> int:
+    if spec.mla is not None:
+        return mla_layer_params(spec)
     a = spec.attention
     h = spec.hidden_size
     q_out = a.num_heads * a.head_dim * (2 if a.output_gate else 1)
@@ -62,6 +64,19 @@ def attention_layer_params(spec: ModelSpec) -> int:
     o_proj = a.num_heads * a.head_dim * h
     qk_norms = 2 * a.head_dim
     return h * (q_out + kv_out) + o_proj + qk_norms
+
+
+def mla_layer_params(spec: ModelSpec) -> int:
+    """DeepSeek's latent attention: q (through q_lora_rank when set), the K/V down-projection
+    to the latent plus the rope key, its up-projection per head, o; and the two latent norms."""
+    m, h, heads = spec.mla, spec.hidden_size, spec.attention.num_heads
+    assert m is not None
+    q_head = m.qk_nope_head_dim + m.qk_rope_head_dim
+    q = h * m.q_lora_rank + m.q_lora_rank * heads * q_head if m.q_lora_rank else h * heads * q_head
+    kv_down = h * (m.kv_lora_rank + m.qk_rope_head_dim)
+    kv_up = m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim)
+    o = heads * m.v_head_dim * h
+    return q + kv_down + kv_up + o + m.q_lora_rank + m.kv_lora_rank
 
 
 def linear_attention_layer_params(spec: ModelSpec) -> int:

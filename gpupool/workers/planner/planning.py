@@ -31,6 +31,9 @@ from gpupool.workers.planner.plan import Plan, PlanArgs
 from gpupool.workers.planner.quant import resolve_scheme
 from gpupool.workers.planner.verdicts import plan_findings
 
+MLA_KERNEL_BLOCK = 64
+"""vLLM forces 64-token blocks for FlashMLA, the MLA backend on Hopper."""
+
 
 def default_limits(gpu_memory_bytes: int) -> tuple[int, int]:
     """vLLM's OpenAI-server defaults (max-num-seqs, max-num-batched-tokens) for a GPU size."""
@@ -122,7 +125,8 @@ def kv_layout_for(spec: ModelSpec, kv_bytes: float, args: PlanArgs) -> KvLayout:
             chunk=spec.attention_chunk_size or 0,
         )
         batched = args.max_num_batched_tokens or default_limits(args.gpu_memory_bytes)[1]
-        return attention_layout(per_token, layers, args.block_size or DEFAULT_KERNEL_BLOCK, batched)
+        block = args.block_size or (MLA_KERNEL_BLOCK if spec.mla else DEFAULT_KERNEL_BLOCK)
+        return attention_layout(per_token, layers, block, batched)
     base = model_precision(spec).name
     _, conv = state_dtype(args.mamba_cache_dtype, base)
     ssm_requested = args.mamba_ssm_cache_dtype

@@ -9,19 +9,18 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from gpupool.config import load_config
 from gpupool.workers.gpus import GpuInfo
 from gpupool.workers.planner import PlanArgs, load_model_spec, plan_from_args
 from gpupool.workers.planner.cli import PlannerDeps, plan
+from gpupool.workers.planner.gpu_catalog import gpus_from_cards
 from gpupool.workers.planner.params import total_params
 from gpupool.workers.planner.resolve import resolve_model
 from gpupool.workers.planner.shapes import builtin_shape
 from tests.procs import ROOT
 from tests.workers.planner.conftest import (
-    H100,
     MODEL_CONFIGS,
-    RTX_5090,
     RTX_PRO_6000,
-    gpu,
 )
 
 # repo id -> (base shape, quantization template)
@@ -104,24 +103,21 @@ def test_shape_files_say_where_their_numbers_come_from() -> None:
 
 
 # example -> the GPUs the seed ran it on, as NVML would list them
-HOSTS: dict[str, list[GpuInfo]] = {
-    "seed000-pro6000-5090.yaml": [
-        gpu(0, "NVIDIA RTX PRO 6000 Blackwell", RTX_PRO_6000, (12, 0)),
-        gpu(1, "NVIDIA GeForce RTX 5090", RTX_5090, (12, 0)),
-    ],
-    "seed001-h100-sizing.yaml": [gpu(i, "NVIDIA H100 80GB HBM3", H100, (9, 0)) for i in range(4)],
-    "seed002-5090-27b-nvfp4.yaml": [gpu(0, "NVIDIA GeForce RTX 5090", RTX_5090, (12, 0))],
-    "seed003-5090-35b-a3b-nvfp4.yaml": [gpu(0, "NVIDIA GeForce RTX 5090", RTX_5090, (12, 0))],
-    "seed004-pro6000-b12x-5090-marlin.yaml": [
-        gpu(0, "NVIDIA RTX PRO 6000 Blackwell", RTX_PRO_6000, (12, 0)),
-        gpu(1, "NVIDIA GeForce RTX 5090", RTX_5090, (12, 0)),
-    ],
-}
 EXAMPLES = sorted((ROOT / "config" / "examples").glob("*.yaml"))
 
 
-def test_every_example_has_a_host() -> None:
-    assert sorted(HOSTS) == [p.name for p in EXAMPLES]
+def host_of(path: Path) -> list[GpuInfo]:
+    """The machine an example was written for: the cards its `gpus:` section names."""
+    return gpus_from_cards(load_config(path).gpus)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_names_its_cards(path: Path) -> None:
+    cards = load_config(path).gpus
+    used = {
+        i for w in load_config(path).workers if w.launch and w.launch.gpus for i in w.launch.gpus
+    }
+    assert cards and used <= set(cards), f"{path.name}: `gpus:` must name GPUs {sorted(used)}"
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
@@ -130,7 +126,7 @@ def test_every_example_plans_offline(path: Path, hf_env: Path) -> None:
     plan from a built-in shape, says so, and can start."""
     assert not any(hf_env.iterdir())
     result = CliRunner().invoke(
-        plan, ["--config", str(path), "--json"], obj=PlannerDeps(discover=lambda: HOSTS[path.name])
+        plan, ["--config", str(path), "--json"], obj=PlannerDeps(discover=lambda: host_of(path))
     )
     assert result.exit_code == 0, result.output
     workers = json.loads(result.output)["workers"]
@@ -141,7 +137,7 @@ def test_every_example_plans_offline(path: Path, hf_env: Path) -> None:
 
 def test_the_table_output_says_a_built_in_shape_was_used() -> None:
     path = ROOT / "config" / "examples" / "seed002-5090-27b-nvfp4.yaml"
-    host = HOSTS[path.name]
+    host = host_of(path)
     result = CliRunner().invoke(plan, ["--config", str(path)], obj=PlannerDeps(lambda: host))
     assert "model shape from built-in shape Qwen3.5-27B + nvfp4 template" in result.output
 
