@@ -6,8 +6,8 @@ For each case (a shape from ``shapes/`` and vLLM flags), in order: make the mode
 lane does (the shape's ``config.json`` + the offline tokenizer, dummy weights), start vLLM's API
 server alone on GPU 0 at 0.90 utilization and 32K, read ``Available KV cache memory``, ``GPU KV
 cache size`` and ``Maximum concurrency`` from its log, stop it, and compare with ``gpupool plan``
-for the same flags and the card's NVML total. Cases run while time lasts; one that does not fit
-is listed under ``not_run``.
+for the same flags and the card's NVML total (the repository copy's gpupool, whatever the bundle
+carries). Cases run while time lasts; one that does not fit is listed under ``not_run``.
 
 Startup is cut short without changing the figure: ``--load-format dummy`` (no weights read), and
 each server is stopped once it has logged its KV cache and memory summary (vLLM sizes the cache
@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))  # make_tiny_models, for a tokenizer when none is carried
 
@@ -128,7 +129,10 @@ def plan_argv(shape: Path, case: Case, gpu_gib: float) -> list[str]:
 
 
 def planned(shape: Path, case: Case, gpu_gib: float) -> dict[str, Any]:
-    r = subprocess.run(plan_argv(shape, case, gpu_gib), capture_output=True, text=True, timeout=120)
+    """``gpupool plan`` of the repository copy (not the bundle's wheel, which may be older)."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    r = subprocess.run(plan_argv(shape, case, gpu_gib), capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "PYTHONPATH": path})  # fmt: skip
     try:
         data = json.loads(r.stdout)
     except ValueError:
@@ -325,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "gpu": f"{gpus[0]['name']}, {gpus[0]['memory_total_mib']} MiB",
         "vllm": vllm_version(),
-        "gpupool_tree": tree_identity(),
+        "gpupool_tree": tree_identity(ROOT / "gpupool"),  # the planner measured
         "budget_s": args.budget_s,
     })  # fmt: skip
     only = {s for s in args.only.split(",") if s}
