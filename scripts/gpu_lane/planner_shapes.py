@@ -131,12 +131,17 @@ def plan_argv(shape: Path, case: Case, gpu_gib: float) -> list[str]:
 def planned(shape: Path, case: Case, gpu_gib: float) -> dict[str, Any]:
     """``gpupool plan`` of the repository copy (not the bundle's wheel, which may be older)."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    r = subprocess.run(plan_argv(shape, case, gpu_gib), capture_output=True, text=True,
-                       timeout=120, env={**os.environ, "PYTHONPATH": path})  # fmt: skip
-    try:
-        data = json.loads(r.stdout)
-    except ValueError:
-        return {"error": (r.stdout + r.stderr)[-1500:]}
+    data, errors = None, []
+    for env in ({**os.environ, "PYTHONPATH": path}, dict(os.environ)):  # then the bundle's
+        r = subprocess.run(plan_argv(shape, case, gpu_gib), capture_output=True, text=True,
+                           timeout=120, env=env)  # fmt: skip
+        try:
+            data = json.loads(r.stdout)
+            break
+        except ValueError:
+            errors.append((r.stdout + r.stderr)[-1500:])
+    if data is None:
+        return {"error": errors}
     mem, kv = data["memory_per_gpu"], data["kv_cache"]
     return {
         "kv_tokens": kv["tokens"],
@@ -147,6 +152,7 @@ def planned(shape: Path, case: Case, gpu_gib: float) -> dict[str, Any]:
         "groups": kv["group_size"],
         "window_groups": kv.get("window_groups"),
         "blocks_per_request": kv["blocks_per_request"],
+        "planner": "repository copy" if not errors else "bundle's gpupool",
     }
 
 
