@@ -6,7 +6,7 @@ VLLM_VENV := .venv-vllm
 MODELS := .models
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck unit vllm-setup models ops-deps bench-deps bench bench-routing gpu-bundle clean
+.PHONY: install run test lint typecheck unit vllm-setup models ops-deps docker-deps docker-test bench-deps bench bench-routing gpu-bundle clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -37,10 +37,21 @@ models: vllm-setup
 ops-deps:
 	bash scripts/install_ops_deps.sh
 
+# Debian's docker.io, docker-compose and debootstrap: tests/deploy/test_stack.py starts its own
+# dockerd (own socket and data root) and builds every image it runs (docs/deploy.md).
+docker-deps:
+	bash scripts/install_ops_deps.sh docker
+
+# The gateway image built and run: a Compose stack of two gateways, Redis, Prometheus and
+# simulated workers found by DNS; a gateway killed under load; the workers scaled 2 -> 3 -> 1.
+# The base image's tarball is cached in .cache/docker, the wheels in docker/wheels.
+docker-test: install docker-deps ops-deps
+	$(BIN)/pytest -q -s tests/deploy tests/test_docker_files.py
+
 unit: install
 	$(BIN)/pytest -q -m "not vllm"
 
-test: install lint typecheck models ops-deps
+test: install lint typecheck models ops-deps docker-deps
 	GPUPOOL_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python GPUPOOL_TINY_MODELS=$(CURDIR)/$(MODELS) \
 		$(BIN)/pytest -q
 

@@ -2,13 +2,18 @@
 # Install the Debian packages that tests and benchmarks run against. Idempotent: does nothing for
 # a group whose tools are all on PATH.
 #
-#   bash scripts/install_ops_deps.sh              # prometheus (tests/test_ops_prometheus.py)
+#   bash scripts/install_ops_deps.sh              # prometheus and dns (the tests' default)
 #   bash scripts/install_ops_deps.sh bench        # wrk and nginx (make bench's wrk phase)
 #   bash scripts/install_ops_deps.sh prometheus bench
+#   bash scripts/install_ops_deps.sh docker       # docker.io, docker-compose, debootstrap (make docker-test)
+#   bash scripts/install_ops_deps.sh dns          # dnsmasq (tests/deploy/test_dns_discovery.py)
 #
 # Groups: `prometheus` installs Debian's `prometheus` package (prometheus + promtool); `bench`
 # installs `wrk` (a C load generator) and `nginx` (an upstream answering from memory; the bench
-# runs its own unprivileged nginx on a free port with a generated config).
+# runs its own unprivileged nginx on a free port with a generated config). `docker` installs
+# Debian's docker.io (the engine; the tests start their own dockerd, its own socket and data
+# root), docker-compose (Compose v1: Debian has no compose plugin) and debootstrap (the base
+# image, docker/base/build_base.sh); `dns` installs dnsmasq-base (a DNS server, no service).
 #
 # Needs root (or sudo) and apt. Exits non-zero, saying why, when it cannot install; the test or
 # bench phase then skips with that reason. Debian's packages also register services; this script
@@ -18,7 +23,7 @@ set -euo pipefail
 have() { command -v "$1" >/dev/null 2>&1; }
 
 groups=("$@")
-[ "${#groups[@]}" -eq 0 ] && groups=(prometheus)
+[ "${#groups[@]}" -eq 0 ] && groups=(prometheus dns)
 
 packages=()
 tools=()
@@ -26,7 +31,9 @@ for group in "${groups[@]}"; do
     case "$group" in
         prometheus) packages+=(prometheus); tools+=(prometheus promtool) ;;
         bench) packages+=(wrk nginx); tools+=(wrk nginx) ;;
-        *) echo "install_ops_deps: unknown group '$group' (known: prometheus, bench)" >&2; exit 2 ;;
+        docker) packages+=(docker.io docker-compose debootstrap); tools+=(dockerd docker-compose debootstrap) ;;
+        dns) packages+=(dnsmasq-base); tools+=(dnsmasq) ;;
+        *) echo "install_ops_deps: unknown group '$group' (known: prometheus, bench, docker, dns)" >&2; exit 2 ;;
     esac
 done
 

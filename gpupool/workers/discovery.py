@@ -191,8 +191,8 @@ class Discovery:
             return
         wanted = {t.worker_name(entry): t for t in found}
         have = {w.name: w for w in self.workers(entry)}
-        for name in sorted(set(wanted) - set(have)):
-            await self._join(wc, name, wanted[name].url(spec.scheme))
+        joining = sorted(set(wanted) - set(have))
+        await asyncio.gather(*(self._join(wc, n, wanted[n].url(spec.scheme)) for n in joining))
         for name in sorted(set(have) - set(wanted)):
             if name not in self._draining:
                 self._draining[name] = asyncio.create_task(self._retire(have[name], spec.drain_s))
