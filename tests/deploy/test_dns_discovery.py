@@ -81,25 +81,25 @@ def test_a_records_scale_down_and_up_under_load(dns: Dnsmasq, tmp_path: Path) ->
         wait_until(lambda: _states(gw.url) == {wa: "ready", wb: "ready"}, "both workers ready")
         httpx.post(c.url + "/sim/control", json={"health_fail": True}, timeout=10)
         with Load(gw.url, MODEL) as load:
-            load.wait_for(20)
+            load.wait_for(12)
             wait_until(lambda: _requests(b) > 0, "traffic on b")
             dns.set_a(name, ["127.0.0.11"])  # b leaves
             wait_until(lambda: wb not in _states(gw.url), "b removed")
             served_by_b = _requests(b)
-            load.wait_for(20)
+            load.wait_for(12)
             assert _requests(b) == served_by_b, "b got requests after it left DNS"
 
             dns.set_a(name, ["127.0.0.11", "127.0.0.13"])  # c appears, not ready yet
             wait_until(lambda: _states(gw.url).get(wc) == "starting", "c seen, starting")
-            load.wait_for(20)
+            load.wait_for(12)
             assert _requests(c) == 0, "c got requests before its probe passed"
             assert _states(gw.url)[wc] == "starting"
             httpx.post(c.url + "/sim/control", json={"health_fail": False}, timeout=10)
             wait_until(lambda: _states(gw.url).get(wc) == "ready", "c ready")
-            load.wait_for(20)
+            load.wait_for(12)
             wait_until(lambda: _requests(c) > 0, "traffic on c")
         assert not load.errors, load.errors[:5]
-        assert load.ok >= 80
+        assert load.ok >= 48
         assert_nothing_held(gw.url)
         assert _states(gw.url) == {wa: "ready", wc: "ready"}
 

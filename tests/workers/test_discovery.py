@@ -1,0 +1,151 @@
+"""Discovery's bookkeeping with a scripted resolver (the real DNS server is in tests/deploy):
+joins, drains that wait for running requests, failures that keep the set, reloads, close."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from pydantic import ValidationError
+
+from gpupool.config.models import DiscoverConfig, WorkerConfig
+from gpupool.workers.discovery import (
+    Discovery,
+    DiscoveryError,
+    DiscoveryHooks,
+    Target,
+)
+from gpupool.workers.registry import Registry, Worker, WorkerState
+
+
+class Script:
+    """Answers per name, set by the test; an exception answer raises it."""
+
+    def __init__(self) -> None:
+        self.answers: dict[str, set[Target] | Exception] = {}
+
+    def __call__(self, spec: DiscoverConfig) -> Script:
+        return self
+
+    async def resolve(self, spec: DiscoverConfig) -> set[Target]:
+        answer = self.answers[spec.dns]
+        if isinstance(answer, Exception):
+            raise answer
+        return set(answer)
+
+
+class Host:
+    """The hooks, recording what discovery asked, over a real registry."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        self.joined: list[str] = []
+        self.removed: list[str] = []
+        self.failures: list[str] = []
+
+    def hooks(self) -> DiscoveryHooks:
+        return DiscoveryHooks(self.make, self.join, self.drain, self.remove, self.failures.append)
+
+    def make(self, wc: WorkerConfig) -> Worker:
+        return Worker(name=wc.name, model=wc.model, url=wc.url, capacity=wc.max_inflight or 4)
+
+    async def join(self, w: Worker) -> None:
+        self.joined.append(w.name)
+
+    async def drain(self, w: Worker, timeout_s: float) -> None:
+        self.registry.transition(w, WorkerState.draining)
+        await self.registry.wait_idle(w, timeout_s)
+        self.registry.transition(w, WorkerState.stopped)
+
+    def remove(self, w: Worker) -> None:
+        self.removed.append(w.name)
+
+
+def _entry(
+    name: str = "pool", dns: str = "pool.test", max_inflight: int | None = None
+) -> WorkerConfig:
+    spec = {"dns": dns, "port": 8000, "every_s": 3600}
+    data = {"name": name, "model": "m", "discover": spec, "max_inflight": max_inflight}
+    return WorkerConfig.model_validate(data)
+
+
+def _setup(*entries: WorkerConfig) -> tuple[Discovery, Host, Script]:
+    registry, script = Registry(), Script()
+    host = Host(registry)
+    return Discovery(registry, entries, host.hooks(), resolver=script), host, script
+
+
+async def test_new_addresses_join_as_url_workers_in_starting() -> None:
+    disc, host, script = _setup(_entry(max_inflight=7))
+    script.answers["pool.test"] = {Target("10.0.0.2", 8000), Target("fd00::3", 8000)}
+    await disc.refresh("pool")
+    workers = {w.name: w for w in disc.workers("pool")}
+    assert set(workers) == {"pool@10.0.0.2:8000", "pool@[fd00::3]:8000"}
+    assert workers["pool@[fd00::3]:8000"].url == "http://[fd00::3]:8000"
+    assert all(w.state is WorkerState.starting and w.capacity == 7 for w in workers.values())
+    assert sorted(host.joined) == sorted(workers)
+    await disc.refresh("pool")  # the same answer: nothing joins again
+    assert len(host.joined) == 2
+
+
+async def test_a_vanished_worker_drains_its_running_requests_then_goes() -> None:
+    disc, host, script = _setup(_entry())
+    script.answers["pool.test"] = {Target("10.0.0.2", 8000), Target("10.0.0.3", 8000)}
+    await disc.refresh("pool")
+    leaving = disc.registry.get("pool@10.0.0.3:8000")
+    assert leaving is not None
+    disc.registry.transition(leaving, WorkerState.ready)
+    disc.registry.started(leaving.name)  # a request running on it
+    script.answers["pool.test"] = {Target("10.0.0.2", 8000)}
+    await disc.refresh("pool")
+    await asyncio.sleep(0.05)
+    assert leaving.state is WorkerState.draining and not leaving.routable
+    assert disc.registry.get(leaving.name) is leaving and host.removed == []
+    disc.registry.finished(leaving.name)
+    for _ in range(100):
+        if host.removed:
+            break
+        await asyncio.sleep(0.01)
+    assert host.removed == [leaving.name] and disc.registry.get(leaving.name) is None
+    assert [w.name for w in disc.workers("pool")] == ["pool@10.0.0.2:8000"]
+
+
+async def test_a_failed_lookup_keeps_the_last_good_set_and_is_counted() -> None:
+    disc, host, script = _setup(_entry())
+    script.answers["pool.test"] = {Target("10.0.0.2", 8000)}
+    await disc.refresh("pool")
+    script.answers["pool.test"] = DiscoveryError("A pool.test: timed out")
+    await disc.refresh("pool")
+    await disc.refresh("pool")
+    assert host.failures == ["pool", "pool"]
+    assert [w.name for w in disc.workers("pool")] == ["pool@10.0.0.2:8000"]
+    script.answers["pool.test"] = set()  # an answer: none
+    await disc.refresh("pool")
+    await asyncio.sleep(0.05)
+    assert disc.workers("pool") == [] and host.removed == ["pool@10.0.0.2:8000"]
+
+
+async def test_replace_retires_changed_entries_and_starts_new_ones() -> None:
+    disc, host, script = _setup(_entry("a", "a.test"), _entry("b", "b.test"))
+    script.answers |= {
+        "a.test": {Target("10.0.0.2", 8000)},
+        "b.test": {Target("10.0.1.2", 8000)},
+        "c.test": {Target("10.0.2.2", 8000)},
+    }
+    await disc.start()
+    await disc.replace([_entry("a", "a.test"), _entry("c", "c.test")])
+    await asyncio.sleep(0.05)
+    assert host.removed == ["b@10.0.1.2:8000"]
+    assert sorted(w.name for w in disc.registry) == ["a@10.0.0.2:8000", "c@10.0.2.2:8000"]
+    await disc.close()
+    assert all(t.done() for t in disc._loops.values()) and not disc._loops
+
+
+def test_discover_config_needs_a_port_for_a_records_and_is_one_source() -> None:
+    with pytest.raises(ValidationError, match="port"):
+        DiscoverConfig.model_validate({"dns": "x"})
+    assert DiscoverConfig.model_validate({"dns": "_v._tcp.x", "record": "srv"}).port is None
+    with pytest.raises(ValidationError, match="exactly one of"):
+        WorkerConfig.model_validate(
+            {"name": "w", "model": "m", "url": "http://h:1", "discover": {"dns": "x", "port": 1}}
+        )
