@@ -6,7 +6,7 @@ VLLM_VENV := .venv-vllm
 MODELS := .models
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck unit vllm-setup models ops-deps docker-deps docker-test bench-deps bench bench-routing gpu-bundle clean
+.PHONY: install run test lint typecheck unit vllm-setup models ops-deps docker-deps docker-test bench-deps bench bench-routing bench-throughput gpu-bundle clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -70,6 +70,11 @@ gpu-bundle: install
 # Routing quality on real vLLM (needs `make models`' .venv-vllm); ARGS: see bench/routing/run.py.
 bench-routing: install
 	$(BIN)/python bench/routing/run.py $(ARGS)
+
+# Does routing cost tokens/s? gpupool against clients pinned evenly on two GPU-shaped simulators,
+# per round and per worker (the throughput guard in `make test` runs the same); ARGS: --help.
+bench-throughput: install
+	$(BIN)/python bench/throughput.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(MODELS) .gpupool .mypy_cache .ruff_cache .pytest_cache

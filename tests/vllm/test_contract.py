@@ -199,7 +199,8 @@ def test_same_models_card_and_metric_names(targets: tuple[str, str]) -> None:
     wanted = ["vllm:num_requests_running", "vllm:num_requests_waiting",
               "vllm:kv_cache_usage_perc", "vllm:prompt_tokens_total",
               "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_bucket",
-              "vllm:request_success_total"]  # fmt: skip
+              "vllm:request_success_total", "vllm:prefix_cache_queries_total",
+              "vllm:prefix_cache_hits_total"]  # fmt: skip
     created = ("# HELP vllm:prompt_tokens_created Number of prefill tokens processed.\n"
                "# TYPE vllm:prompt_tokens_created gauge\n")  # fmt: skip
     types = set()

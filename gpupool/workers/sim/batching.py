@@ -11,8 +11,9 @@ token, a prefilling one a chunk of what is left of its prompt. The step lasts
     step_ms + seq_step_ms x sequences in it + prefill_ms_per_1k x prompt tokens computed / 1000
 
 and then every decoding sequence has ``tokens_per_step`` more tokens, and one whose prompt is
-done has its first. Steps keep their own clock: a late event loop makes the next step shorter
-(by at most a step), so tokens/s are what the shape says, not what a busy host allows.
+done has its first. Steps keep their own clock: a late event loop runs the next steps shorter
+until it is back on time (if it is less than :data:`CATCH_UP_S` late), so tokens/s are what
+the shape says, not what a busy host allows.
 
 A request that arrives while a step runs joins at the next step's start, as in vLLM. Counters
 (prompt and generated tokens, prefix-cache queries and hits) and the TTFT and inter-token
@@ -31,6 +32,8 @@ from gpupool.workers.sim.cache import BLOCK_SIZE, PrefixCache
 from gpupool.workers.sim.config import GpuShape, SimConfig
 from gpupool.workers.sim.engine import Admission, Engine, Gauges, Pacer, Stats
 from gpupool.workers.sim.faults import Knobs
+
+CATCH_UP_S = 0.5  # a loop later than this (a stalled host) starts its next step afresh
 
 
 class Seq:
@@ -162,7 +165,7 @@ class StepEngine(Engine):
                 self._admit(now)
                 batch = self._schedule()
                 duration = self._duration(batch)
-                start = now if first or now - end > duration else end  # catch up a late loop
+                start = now if first or now - end > CATCH_UP_S else end  # a late loop catches up
                 first = False
                 end = start + duration
                 await asyncio.sleep(max(0.0, end - time.monotonic()))
