@@ -36,6 +36,11 @@ CARDS = {
     "seed002-5090-27b-nvfp4.yaml": {"rtx5090": ("qwen3.5-27b-nvfp4", RTX_5090)},
     # no Qwen3.5-35B-A3B NVFP4 fixture: the Qwen3.6 one has the same architecture (SOURCES.md)
     "seed003-5090-35b-a3b-nvfp4.yaml": {"rtx5090": ("qwen3.6-35b-a3b-nvfp4", RTX_5090)},
+    # issue 28: two models taking turns on one card (sleep mode)
+    "two-models-one-gpu.yaml": {
+        "chat": ("qwen3.5-9b", RTX_5090),
+        "coder": ("qwen3.5-27b-nvfp4", RTX_5090),
+    },
     "seed004-pro6000-b12x-5090-marlin.yaml": {
         "pro6000-b12x": ("qwen3.6-35b-a3b-nvfp4", PRO_6000),
         "rtx5090-marlin": ("qwen3.6-35b-a3b-nvfp4", RTX_5090),

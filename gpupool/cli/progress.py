@@ -12,7 +12,7 @@ from rich.table import Table
 from gpupool.config.models import GpupoolConfig
 from gpupool.workers.registry import Registry, Worker, WorkerState
 
-_SETTLED = (WorkerState.ready, WorkerState.failed, WorkerState.stopped)
+_SETTLED = (WorkerState.ready, WorkerState.failed, WorkerState.stopped, WorkerState.asleep)
 _STYLE = {"ready": "green", "failed": "red", "warming": "yellow", "starting": "cyan"}
 
 

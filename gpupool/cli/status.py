@@ -9,7 +9,8 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-_STATE_STYLE = {"ready": "green", "failed": "red", "draining": "yellow", "stopped": "dim"}
+_STATE_STYLE = {"ready": "green", "failed": "red", "draining": "yellow", "stopped": "dim",
+                "asleep": "blue", "waking": "magenta", "falling_asleep": "magenta"}  # fmt: skip
 
 
 def run_status(url: str, admin_key: str | None, as_json: bool) -> int:

@@ -6,7 +6,7 @@ Every field has a default and a description; named choices are enums; unknown ke
 
 from __future__ import annotations
 
-from enum import StrEnum
+from enum import IntEnum, StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -171,6 +171,52 @@ class WarmupItem(_Strict):
     max_tokens: int = Field(16, gt=0, description="Tokens to generate.")
 
 
+class SleepLevel(IntEnum):
+    weights_to_host = 1
+    discard_weights = 2
+
+
+class SleepConfig(_Strict):
+    level: SleepLevel = Field(
+        SleepLevel.weights_to_host,
+        description="vLLM sleep level. 1: the weights move to host RAM and the KV cache is "
+        "dropped (a wake takes about a second; costs the weights' size in host RAM while "
+        "asleep). 2: weights and KV cache are dropped (no host RAM; a wake reads the weights "
+        "from disk again, seconds to minutes).",
+    )
+    idle_s: float | None = Field(
+        None,
+        gt=0,
+        description="Put the worker to sleep after this many seconds without requests (None: "
+        "only when another worker of its swap group is wanted).",
+    )
+
+
+class SwapConfig(_Strict):
+    min_awake_s: float = Field(
+        10.0,
+        ge=0,
+        description="A woken worker with requests stays awake at least this long before another "
+        "of its swap group may take the GPU (no thrash); an idle one gives way at once.",
+    )
+    priority_weight_s: float = Field(
+        10.0,
+        ge=0,
+        description="Fairness between a group's models: a model's turn comes by its oldest "
+        "waiting request's age, less this many seconds per priority point (lower priority "
+        "values first, as vLLM's).",
+    )
+    sleep_timeout_s: float = Field(
+        120.0, gt=0, description="Longest wait for a worker's `/sleep` to answer."
+    )
+    wake_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="Longest wait for a wake (level 2 reads the weights from disk again); "
+        "beyond it the worker is marked failed and restarted.",
+    )
+
+
 class DiscoverRecord(StrEnum):
     a = "a"
     srv = "srv"
@@ -231,6 +277,20 @@ class WorkerConfig(_Strict):
     )
     warmup: list[WarmupItem] = Field(
         default_factory=list, description="Requests sent after readiness, before traffic."
+    )
+    sleep: SleepConfig | None = Field(
+        None,
+        description="vLLM sleep mode: launched workers get `--enable-sleep-mode` and "
+        "`VLLM_SERVER_DEV_MODE=1`; `url:` workers must have been started so. Implied (level 1) "
+        "for a worker in a `swap_group`.",
+    )
+    swap_group: str | None = Field(
+        None,
+        min_length=1,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="Workers of one swap group share a GPU by taking turns: never two awake at "
+        "once. Launched workers sharing a GPU whose gpu-memory-utilization adds up to more "
+        "than 1 are grouped automatically (`gpupool check` says so).",
     )
 
     @field_validator("url")
@@ -530,6 +590,9 @@ class GpupoolConfig(_Strict):
     queue: QueueConfig = Field(default_factory=QueueConfig)
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
+    swap: SwapConfig = Field(
+        default_factory=SwapConfig, description="How the workers of a swap group take turns."
+    )
     tenancy: TenancyConfig = Field(
         default_factory=TenancyConfig, description="What tenants share: prefix caches."
     )
@@ -561,6 +624,9 @@ class GpupoolConfig(_Strict):
                     f"workers[{i}].model: `{w.model}` is not in `models` "
                     f"(known: {', '.join(sorted(model_names))})"
                 )
+        from gpupool.config.swap import form_swap_groups
+
+        form_swap_groups(self.workers)
         return self
 
     def model(self, name: str) -> ModelConfig:

@@ -57,7 +57,7 @@ class Catalog:
         for name, m in self._by_name.items():
             if allowed is not None and not self._permits(m, allowed):
                 continue
-            windows = [w.window or 0 for w in registry.ready_of_model(m.name)]
+            windows = [w.window or 0 for w in registry.serving_of_model(m.name)]
             if windows:
                 cards.append(self._card(name, m, max(windows)))
         return cards

@@ -161,7 +161,9 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.05, 0.075, 0.1,
                0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)  # fmt: skip
 WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
-WORKER_STATES = ("starting", "warming", "ready", "draining", "stopped", "failed")
+WORKER_STATES = ("starting", "warming", "ready", "draining", "stopped", "failed",
+                 "falling_asleep", "asleep", "waking")  # fmt: skip
+SWITCH_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0)
 
 
 class Metrics:
@@ -220,6 +222,24 @@ class Metrics:
         self.retries = Counter(
             "gpupool_upstream_retries", "Requests retried on another worker before any byte.",
             [*mw, "reason"], registry=r,
+        )  # fmt: skip
+        # sleep mode (gpupool/workers/swap): models taking turns on a GPU
+        self.switches = Counter(
+            "gpupool_swap_switches", "Switches of a swap group's GPU to a model (by the model "
+            "woken).", ["group", "model"], registry=r,
+        )  # fmt: skip
+        self.switch_seconds = Histogram(
+            "gpupool_swap_switch_seconds", "From the decision to switch to the woken worker "
+            "ready: the running requests' drain, the sleep and the wake.", ["group", "model"],
+            buckets=SWITCH_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.switch_waits = Counter(
+            "gpupool_swap_waited_requests", "Requests that waited in the queue for their model "
+            "to be woken.", ["model"], registry=r,
+        )  # fmt: skip
+        self.asleep_seconds = Gauge(
+            "gpupool_worker_asleep_seconds", "Seconds the worker has spent asleep in all.",
+            mw, registry=r,
         )  # fmt: skip
 
         self._served: dict[tuple[str, str], Served] = {}

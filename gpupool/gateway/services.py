@@ -20,6 +20,7 @@ from gpupool.gateway.metrics import Metrics
 from gpupool.gateway.pipeline.pipeline import Pipeline
 from gpupool.gateway.routing.policy import Router
 from gpupool.gateway.security.limits import KeyLimits
+from gpupool.gateway.swapping import build_swap, record_asleep
 from gpupool.gateway.security.middleware import Authenticator
 from gpupool.gateway.security.revoke import KeyRequests
 from gpupool.gateway.upstream.client import UpstreamClient
@@ -35,6 +36,7 @@ from gpupool.workers.supervisor.command import (
 )
 from gpupool.workers.supervisor.gpus import detect_cache_keys
 from gpupool.workers.supervisor.supervisor import Supervisor
+from gpupool.workers.swap.controller import SwapController
 
 log = logging.getLogger("gpupool")
 
@@ -97,6 +99,7 @@ class Services:
     reload_lock: asyncio.Lock = field(default_factory=asyncio.Lock, kw_only=True)  # reload.py
     # parts above the services that take a reloaded config's settings (the front door's)
     reload_hooks: list[Callable[[GpupoolConfig], None]] = field(default_factory=list, kw_only=True)
+    swap: SwapController | None = field(default=None, kw_only=True)  # swapping.py
     replica_id: str = field(default_factory=new_replica_id)
     restarts_seen: dict[str, int] = field(default_factory=dict)
     config_path: str | Path | None = None
@@ -108,6 +111,8 @@ class Services:
     async def start(self) -> None:
         self.write_sd_file()
         await self.admission.start()
+        if self.swap is not None:
+            await self.swap.start()  # its groups read url: workers before the poller marks them
         await self.poller.start()
         await self.supervisor.start()
         if self.discovery is not None:
@@ -123,6 +128,7 @@ class Services:
             self.metrics.worker_waiting.labels(w.model, w.name).set(w.vllm_waiting)
             self.metrics.worker_kv.labels(w.model, w.name).set(w.kv_usage)
             self.metrics.inflight.labels(w.model, w.name).set(w.inflight)
+        record_asleep(self.registry, self.metrics)
 
     async def drain(self, worker: Worker, timeout_s: float) -> None:
         if worker.supervised:
@@ -142,6 +148,8 @@ class Services:
     async def close(self) -> None:
         if self.discovery is not None:
             await self.discovery.close()
+        if self.swap is not None:
+            await self.swap.close()
         await self.supervisor.stop()
         await self.poller.close()
         await self.admission.close()
@@ -219,6 +227,8 @@ def build_services(
         cfg, registry, catalog, metrics, client, admission, pipeline, poller, supervisor,
         key_limits, replica, config_path=config_path, auth=auth, key_requests=key_requests,
     )  # fmt: skip
+    services.swap = build_swap(cfg, registry, client.session, metrics, supervisor, poller,
+                               pipeline.slots)  # fmt: skip
     registry.on_change(services.on_worker_change)
     found = [wc for wc in cfg.workers if wc.discover is not None]
     services.discovery = Discovery(registry, found, _discovery_hooks(services)) if found else None

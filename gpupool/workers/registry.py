@@ -22,6 +22,15 @@ class WorkerState(StrEnum):
     draining = "draining"
     stopped = "stopped"
     failed = "failed"
+    # sleep mode (gpupool/workers/swap): running requests finish, then vLLM's /sleep
+    falling_asleep = "falling_asleep"
+    asleep = "asleep"
+    waking = "waking"
+
+
+# States in which a worker of a swap group holds no GPU memory of its own beyond vLLM's
+# (asleep) or is on its way in or out of it; routing queues for them, never sends to them.
+SLEEP_STATES = frozenset({WorkerState.falling_asleep, WorkerState.asleep, WorkerState.waking})
 
 
 @dataclass(slots=True)
@@ -70,6 +79,8 @@ class Worker:
     gpus: list[int] | None = None
     state_since: float = field(default_factory=time.monotonic)
     ready_since: float | None = None
+    swap_group: str | None = None  # workers of one group are never awake together
+    asleep_s: float = 0.0  # time spent asleep before the current stretch
 
     @property
     def window(self) -> int | None:
@@ -95,9 +106,17 @@ class Worker:
     def set_state(self, state: WorkerState) -> None:
         if state is self.state:
             return
+        now = time.monotonic()
+        if self.state is WorkerState.asleep:
+            self.asleep_s += now - self.state_since
         self.state = state
-        self.state_since = time.monotonic()
+        self.state_since = now
         self.ready_since = self.state_since if state is WorkerState.ready else None
+
+    def time_asleep_s(self) -> float:
+        """Seconds asleep in all, the current stretch included."""
+        now = time.monotonic()
+        return self.asleep_s + (now - self.state_since if self.state is WorkerState.asleep else 0)
 
     def uptime_s(self) -> float | None:
         return time.monotonic() - self.ready_since if self.ready_since is not None else None
@@ -152,6 +171,15 @@ class Registry:
 
     def ready_of_model(self, model: str) -> list[Worker]:
         return [w for w in self._by_model.get(model, ()) if w.routable]
+
+    def serving_of_model(self, model: str) -> list[Worker]:
+        """Workers that serve ``model`` now or once woken: ready, or in a sleep state (a
+        request for a sleeping model waits in the queue while its worker is woken)."""
+        return [
+            w
+            for w in self._by_model.get(model, ())
+            if w.routable or (w.state in SLEEP_STATES and w.url is not None)
+        ]
 
     def on_change(self, listener: Listener) -> None:
         self._listeners.append(listener)

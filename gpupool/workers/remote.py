@@ -15,7 +15,10 @@ import aiohttp
 
 from gpupool.config.models import RoutingConfig
 from gpupool.workers.probe import probe, scrape_load
-from gpupool.workers.registry import Registry, Worker, WorkerState
+from gpupool.workers.registry import SLEEP_STATES, Registry, Worker, WorkerState
+
+
+_NOT_MINE = frozenset({WorkerState.draining, WorkerState.stopped, *SLEEP_STATES})
 
 
 class RemotePoller:
@@ -27,6 +30,8 @@ class RemotePoller:
         self.cfg = cfg
         self._tasks: list[asyncio.Task[None]] = []
         self._unfiltered: set[str] = set()  # worker URLs that refuse the filtered metrics path
+        # A swap group's member may be marked ready only while it holds the GPU (workers/swap).
+        self.may_ready: Callable[[Worker], bool] = lambda _w: True
 
     async def start(self) -> None:
         await self.check_all()
@@ -53,13 +58,15 @@ class RemotePoller:
         await asyncio.gather(*(self.check(w) for w in workers))
 
     async def check(self, w: Worker) -> None:
-        if w.state in (WorkerState.draining, WorkerState.stopped) or w.url is None:
-            return
+        if w.state in _NOT_MINE or w.url is None:
+            return  # drained, or the swap group's to change (asleep, waking, falling asleep)
         result = await probe(self.session, w.url, w.model, self.cfg.health_timeout_s)
         if result.ready:
             w.consecutive_failures = 0
             w.max_model_len = result.max_model_len
             if w.state is not WorkerState.ready:
+                if not self.may_ready(w):
+                    return
                 w.last_error = None
                 self.registry.transition(w, WorkerState.ready)
             return

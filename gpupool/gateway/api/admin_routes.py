@@ -21,7 +21,9 @@ from gpupool.gateway.errors import BadRequest, InvalidBody, NotFound
 from gpupool.gateway.reload import reload_config
 from gpupool.gateway.reply import Reply
 from gpupool.gateway.security.keys import key_name
+from gpupool.gateway.services import Services
 from gpupool.workers.registry import Worker
+from gpupool.workers.swap.controller import SwapController
 
 
 def worker_status(w: Worker) -> dict[str, Any]:
@@ -42,6 +44,8 @@ def worker_status(w: Worker) -> dict[str, Any]:
         "last_error": w.last_error,
         "last_log_lines": w.last_log_lines,
         "uptime_s": round(uptime, 1) if uptime is not None else None,
+        "swap_group": w.swap_group,
+        "asleep_s": round(w.time_asleep_s(), 1) if w.swap_group else None,
         "vllm": {"kv_cache_usage": w.kv_usage, "waiting": w.vllm_waiting,
                  "running": w.vllm_running},
     }  # fmt: skip
@@ -128,6 +132,32 @@ async def restart(request: Request) -> ASGIApp:
     return ReplyResponse(Reply.json(200, worker_status(w)))
 
 
+async def sleep(request: Request) -> ASGIApp:
+    """Put a sleep-mode worker to sleep (its running requests finish first); its group may
+    wake it again for requests waiting for its model."""
+    _query(request, {})
+    w, svc = _worker(request), services(request)
+    await _swap(svc, w).sleep(w.name)
+    return ReplyResponse(Reply.json(200, worker_status(w)))
+
+
+async def wake(request: Request) -> ASGIApp:
+    """Give a sleep-mode worker its swap group's GPU now (the awake one's running requests
+    finish, it is put to sleep, then this one is woken)."""
+    _query(request, {})
+    w, svc = _worker(request), services(request)
+    await _swap(svc, w).wake(w.name)
+    return ReplyResponse(Reply.json(200, worker_status(w)))
+
+
+def _swap(svc: Services, w: Worker) -> SwapController:
+    if svc.swap is None or w.swap_group is None:
+        raise BadRequest(
+            f"Worker `{w.name}` does not use sleep mode (give it `sleep:` or a `swap_group`)."
+        )
+    return svc.swap
+
+
 async def reload(request: Request) -> ASGIApp:
     """Re-read the whole config (``reload.py``): what changed, and what needs a restart."""
     _query(request, {})
@@ -169,6 +199,8 @@ def routes() -> list[Route]:
         Route("/admin/workers/{name}/drain", Endpoint(drain), methods=["POST"]),
         Route("/admin/workers/{name}/undrain", Endpoint(undrain), methods=["POST"]),
         Route("/admin/workers/{name}/restart", Endpoint(restart), methods=["POST"]),
+        Route("/admin/workers/{name}/sleep", Endpoint(sleep), methods=["POST"]),
+        Route("/admin/workers/{name}/wake", Endpoint(wake), methods=["POST"]),
         Route("/admin/reload", Endpoint(reload), methods=["POST"]),
         Route("/admin/queue", Endpoint(queue), methods=["GET"]),
         Route("/admin/held", Endpoint(held), methods=["GET"]),

@@ -35,7 +35,7 @@ async def health(request: Request) -> ASGIApp:
 
 async def ready(request: Request) -> ASGIApp:
     svc = services(request)
-    missing = [m.name for m in svc.cfg.models if not svc.registry.ready_of_model(m.name)]
+    missing = [m.name for m in svc.cfg.models if not svc.registry.serving_of_model(m.name)]
     status = 503 if missing else 200
     return ReplyResponse(Reply.json(status, {"ready": not missing, "missing_models": missing}))
 

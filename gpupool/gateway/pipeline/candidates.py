@@ -8,6 +8,7 @@ prompt no window holds (vLLM's context-length 400).
 from __future__ import annotations
 
 from gpupool.gateway.errors import ContextLengthExceeded, MediaRejected, UpstreamUnavailable
+from gpupool.gateway.routing.asleep import sleeping, wait_for
 from gpupool.gateway.routing.policy import Decision, Router, RouteRequest
 from gpupool.workers.registry import Registry, Worker, WorkerState
 
@@ -24,11 +25,15 @@ class Candidates:
 
     def decide(self, route: RouteRequest, model: str) -> Decision:
         """Routing's decision, with at least one candidate."""
-        live = [w for w in self.registry.of_model(model) if w.state in _LIVE]
-        if not live:
+        workers = self.registry.of_model(model)
+        live = [w for w in workers if w.state in _LIVE]
+        asleep = sleeping(workers)
+        if not live and not asleep:
             raise UpstreamUnavailable(f"No worker for model `{model}` is available.")
-        decision = self.router.decide(route, live)
+        decision = self.router.decide(route, live or asleep)
         if decision.candidates:
+            if live and asleep:  # wait for a sleeping one too (its wait may wake it)
+                decision.candidates += wait_for(route, asleep)
             return decision
         if decision.media_refused:
             raise MediaRejected(

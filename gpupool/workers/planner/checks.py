@@ -213,10 +213,12 @@ class _Share:
     index: int
     name: str
     fraction: float
+    group: str | None = None  # a swap group's members count once (the largest)
 
 
 def check_gpu_sharing(workers: Sequence[WorkerConfig]) -> list[Finding]:
-    """Errors when workers pinned to one GPU ask for more than all of it together."""
+    """Errors when workers pinned to one GPU ask for more than all of it together. The members
+    of a swap group take turns (one awake at a time): together they count as their largest."""
     by_gpu: dict[int, list[_Share]] = defaultdict(list)
     for i, w in enumerate(workers):
         if w.launch is None or w.launch.gpus is None:
@@ -226,7 +228,12 @@ def check_gpu_sharing(workers: Sequence[WorkerConfig]) -> list[Finding]:
         except PlannerError:
             continue  # reported by check_launch_config
         for gpu in set(w.launch.gpus):
-            by_gpu[gpu].append(_Share(i, w.name, fraction))
+            shares = by_gpu[gpu]
+            turn = next((s for s in shares if w.swap_group and s.group == w.swap_group), None)
+            if turn is None:
+                shares.append(_Share(i, w.name, fraction, w.swap_group))
+            elif fraction > turn.fraction:
+                shares[shares.index(turn)] = _Share(i, w.name, fraction, w.swap_group)
     return [f for gpu, shares in sorted(by_gpu.items()) if (f := _sharing_finding(gpu, shares))]
 
 

@@ -31,6 +31,7 @@ from gpupool.workers.sim.config import SimConfig
 from gpupool.workers.sim.errors import SimError
 from gpupool.workers.sim.jobs import Meta
 from gpupool.workers.sim.service import JsonReply, Reply, SimService, StreamReply
+from gpupool.workers.sim.sleep import SleepMode, SleepSettings, settings_from_context
 
 Handler = Callable[[bytes, Meta], Awaitable[Reply]]
 MayBlock = Callable[[Meta], bool]
@@ -48,7 +49,8 @@ log = logging.getLogger("gpupool.sim")
 class SimApp:
     """ASGI application; ``service`` is exposed for in-process tests."""
 
-    def __init__(self, config: SimConfig) -> None:
+    def __init__(self, config: SimConfig, sleep: SleepSettings | None = None) -> None:
+        self.sleep = SleepMode(sleep) if sleep is not None else None  # sleep.py
         self.service = s = SimService(config)
         self.engine_dead = False
         self._generating: set[asyncio.Task[Any]] = set()
@@ -80,6 +82,8 @@ class SimApp:
             await _lifespan(receive, send)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.sleep is not None and await self.sleep.handle(scope, receive, send):
+            return
         methods = self._routes.get(scope["path"])
         if methods is None:
             await _send_json(send, JsonReply(404, _NOT_FOUND))
@@ -179,13 +183,16 @@ class _Server(uvicorn.Server):
         self._app.kill_engine()
 
 
-def create_sim_app(config: SimConfig) -> SimApp:
-    return SimApp(config)
+def create_sim_app(config: SimConfig, sleep: SleepSettings | None = None) -> SimApp:
+    app = SimApp(config, sleep)
+    if app.sleep is not None:
+        app.sleep.running = lambda: len(app._generating)
+    return app
 
 
 def run_sim(config: SimConfig) -> None:
     """Serve until SIGINT/SIGTERM. Like vLLM, nothing listens during ``startup_delay_s``."""
-    app = create_sim_app(config)
+    app = create_sim_app(config, settings_from_context())
     if config.startup_delay_s > 0:
         time.sleep(config.startup_delay_s)
     print(

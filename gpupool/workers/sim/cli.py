@@ -16,6 +16,7 @@ from gpupool.workers.sim.config import (
     ReasoningParserName,
     SimConfig,
 )
+from gpupool.workers.sim.sleep import sleep_options
 
 EPILOG = """\b
 Examples:
@@ -106,6 +107,7 @@ def served_names(
 @click.option("--hang", is_flag=True, help="Never answer (health included).")
 @click.option("--health-fail", is_flag=True, help="/health answers 503.")
 @click.option("--seed", default=0, show_default=True, type=int)
+@sleep_options  # --enable-sleep-mode and the sleep ledger (sleep.py)
 @click.option(
     "--gpu",
     is_flag=True,

@@ -37,6 +37,7 @@ from gpupool.config.models import (
     RemoteMediaPolicy,
     WorkerConfig,
 )
+from gpupool.config.swap import sleeps
 from gpupool.workers.registry import MediaCaps
 from gpupool.workers.supervisor.errors import LaunchConfigError
 
@@ -135,6 +136,8 @@ def build_command(worker: WorkerConfig, port: int, model: ModelConfig | None = N
         argv += _arg_tokens(key, value)
     if model is not None:
         argv += model_flags(worker, model)
+    if sleeps(worker) and not has_arg(launch.args, "enable-sleep-mode"):
+        argv.append("--enable-sleep-mode")  # swap groups and idle sleep (gpupool/config/swap.py)
     return [*argv, "--host", WORKER_HOST, "--port", str(port), "--served-model-name", worker.model]
 
 
@@ -176,6 +179,8 @@ def build_env(
     env["TRITON_CACHE_DIR"] = str(cache / "triton")
     if model is not None:
         env.update(model_env(model))
+    if sleeps(worker):
+        env["VLLM_SERVER_DEV_MODE"] = "1"  # serves /sleep and /wake_up (never proxied)
     env.update(launch.env)
     return env
 

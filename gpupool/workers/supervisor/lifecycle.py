@@ -16,8 +16,8 @@ import logging
 import random
 import signal
 import socket
-from collections.abc import Awaitable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -62,6 +62,8 @@ class Seams:
     clock: Clock
     rng: random.Random
     settings: Settings
+    # Per worker, awaited before every launch: a swap group's turn on the GPU (workers/swap).
+    gates: dict[str, Callable[[], Awaitable[None]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +194,9 @@ class WorkerRun:
         if not self._launched_once:
             await self._wait_for_dependencies()
         self._launched_once = True
+        gate = self.seams.gates.get(self.cfg.name)
+        if gate is not None:
+            await gate()
         try:
             proc = await self._launch()
         except OSError as e:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 
 import aiohttp
@@ -65,6 +65,15 @@ class Supervisor:
         for cfg in workers:
             if cfg.launch is not None:
                 self._runs[cfg.name] = self._new_run(cfg)
+
+    def use_launch_gates(
+        self, gate_of: Callable[[str], Callable[[], Awaitable[None]] | None]
+    ) -> None:
+        """Await ``gate_of(name)()`` before each launch of worker ``name`` (swap groups)."""
+        for name in self._runs:
+            gate = gate_of(name)
+            if gate is not None:
+                self._seams.gates[name] = gate
 
     # -- reading ---------------------------------------------------------------------------------
 

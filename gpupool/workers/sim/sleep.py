@@ -1,0 +1,312 @@
+"""vLLM's sleep mode in the simulator (``gpupool sim --enable-sleep-mode``).
+
+Serves vLLM's dev-mode routes: ``POST /sleep?level=1|2&mode=...``, ``POST /wake_up[?tags=...]``,
+``GET /is_sleeping``, ``POST /collective_rpc`` (``reload_weights``), with the time each takes
+(``--sleep-s``, ``--wake-s``, ``--reload-s``) and the host RAM a level-1 sleep would hold
+(``--weights-gib``), shown by ``GET /sim/sleep``. ``POST /sim/sleep`` sets ``wake_fail``:
+``"error"`` (the next wake answers 500) or ``"crash"`` (the process exits).
+
+A shared-GPU ledger (``--sleep-ledger FILE``, one JSON file for every simulated worker of one
+GPU) holds each one's ``--gpu-memory-utilization`` share while it is awake. A start or a wake
+that would take the GPU past all of it fails the way CUDA does (start-up: the process exits with
+vLLM's free-memory error; a wake: 500 ``CUDA out of memory``) and is written to the ledger's
+``violations``, as is any generation request that reaches a worker while it sleeps. Tests read the
+ledger to prove that two workers of one GPU were never awake together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import wraps
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+import click
+import orjson
+from starlette.types import Receive, Scope, Send
+
+_GENERATION = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
+_ROUTES = frozenset({"/sleep", "/wake_up", "/is_sleeping", "/collective_rpc", "/sim/sleep"})
+_TAGS = frozenset({"weights", "kv_cache"})
+_CTX_KEY = "gpupool.sim.sleep"
+
+
+@dataclass(slots=True)
+class SleepSettings:
+    enabled: bool = True
+    share: float = 0.9  # --gpu-memory-utilization
+    ledger: str | None = None
+    member: str = "sim"
+    sleep_s: float = 0.05
+    wake_s: float = 0.2
+    reload_s: float = 0.5
+    weights_gib: float = 16.0
+
+
+@dataclass
+class _Ledger:
+    """The shared-GPU ledger: a JSON file, read and written under an exclusive lock."""
+
+    path: Path
+
+    @contextmanager
+    def open(self) -> Iterator[dict[str, Any]]:
+        lock = self.path.with_name(self.path.name + ".lock")
+        with lock.open("a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                data: dict[str, Any] = {"members": {}, "violations": []}
+                if self.path.exists() and self.path.stat().st_size:
+                    data = orjson.loads(self.path.read_bytes())
+                yield data
+                tmp = self.path.with_name(self.path.name + ".tmp")
+                tmp.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
+                tmp.replace(self.path)
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+@dataclass
+class SleepMode:
+    settings: SleepSettings
+    asleep: bool = False
+    level: int = 0
+    awake_tags: set[str] = field(default_factory=lambda: set(_TAGS))
+    sleeps: int = 0
+    wakes: int = 0
+    violations: list[str] = field(default_factory=list)
+    wake_fail: str | None = None
+    running: Callable[[], int] = lambda: 0  # generations in flight (the app sets it)
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        self._ledger = _Ledger(Path(s.ledger)) if s.ledger else None
+        if not self._claim("start"):
+            print(
+                "ValueError: Free memory on device cuda:0 on startup is less than desired GPU "
+                f"memory utilization ({s.share:g}): another process holds it (sim ledger).",
+                file=sys.stderr,
+                flush=True,
+            )
+            raise SystemExit(1)
+
+    # -- the ledger -------------------------------------------------------------------------
+
+    def _claim(self, what: str) -> bool:
+        """Take this worker's share of the GPU; False (and a violation) when it does not fit."""
+        if self._ledger is None:
+            return True
+        s = self.settings
+        with self._ledger.open() as data:
+            members = data.setdefault("members", {})
+            holding = {k: m for k, m in members.items() if k != s.member and _holds(m)}
+            others = sum(m["share"] for m in holding.values())
+            if others + s.share > 1.0 + 1e-9:
+                awake = sorted(holding)
+                note = f"{s.member}: {what} while {', '.join(awake)} awake (CUDA out of memory)"
+                data.setdefault("violations", []).append(note)
+                self.violations.append(note)
+                return False
+            members[s.member] = {"share": s.share, "awake": True, "pid": os.getpid()}
+            data.setdefault("peak_awake", 0.0)
+            data["peak_awake"] = max(data["peak_awake"], others + s.share)
+        return True
+
+    def _release(self) -> None:
+        if self._ledger is None:
+            return
+        with self._ledger.open() as data:
+            member = data.setdefault("members", {}).get(self.settings.member)
+            if member is not None:
+                member["awake"] = False
+
+    def _violation(self, note: str) -> None:
+        self.violations.append(note)
+        if self._ledger is not None:
+            with self._ledger.open() as data:
+                data.setdefault("violations", []).append(f"{self.settings.member}: {note}")
+
+    # -- HTTP -------------------------------------------------------------------------------
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> bool:
+        """Serve a sleep route, or refuse generation while asleep; False: not ours."""
+        path = scope["path"]
+        if path in _GENERATION and self.asleep:
+            await _drain(receive)
+            self._violation(f"{path} while asleep")
+            refusal = {"error": {"message": "The model is sleeping.", "code": 503}}
+            await _reply(send, 503, refusal)
+            return True
+        if path not in _ROUTES:
+            return False
+        body = await _drain(receive)
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        status, payload = await self._route(scope["method"], path, query, body)
+        await _reply(send, status, payload)
+        return True
+
+    async def _route(
+        self, method: str, path: str, query: dict[str, list[str]], body: bytes
+    ) -> tuple[int, Any]:
+        if not self.settings.enabled and path != "/sim/sleep":
+            return 500, {"error": {"message": "Sleep mode is not enabled (--enable-sleep-mode)."}}
+        handlers: dict[tuple[str, str], Callable[[], Any]] = {
+            ("POST", "/sleep"): lambda: self.sleep(int((query.get("level") or ["1"])[0])),
+            ("POST", "/wake_up"): lambda: self.wake(set(query.get("tags") or _TAGS)),
+            ("GET", "/is_sleeping"): lambda: self.is_sleeping(),
+            ("POST", "/collective_rpc"): lambda: self.rpc(body),
+            ("GET", "/sim/sleep"): lambda: self.stats(),
+            ("POST", "/sim/sleep"): lambda: self.control(body),
+        }
+        handler = handlers.get((method, path))
+        if handler is None:
+            return 405, {"detail": "Method Not Allowed"}
+        result = handler()
+        if asyncio.iscoroutine(result):
+            result = await result
+        assert isinstance(result, tuple)
+        return result
+
+    async def sleep(self, level: int) -> tuple[int, Any]:
+        if level not in (0, 1, 2):
+            return 422, {"detail": "level must be 0, 1 or 2"}
+        if not self.asleep:
+            if self.running():
+                self._violation(f"sleep with {self.running()} generation(s) running")
+            await asyncio.sleep(self.settings.sleep_s)
+            self.asleep, self.level, self.awake_tags = True, max(level, 1), set()
+            self.sleeps += 1
+            self._release()
+        return 200, {"status": "sleeping", "level": level}
+
+    async def wake(self, tags: set[str]) -> tuple[int, Any]:
+        if not self.asleep:
+            return 200, {"status": "awake", "tags": sorted(tags)}
+        if self.wake_fail == "crash":
+            print("RuntimeError: CUDA error: an illegal memory access", file=sys.stderr, flush=True)
+            os._exit(1)
+        if self.wake_fail == "error" or (not self.awake_tags and not self._claim("wake")):
+            self.wake_fail = None
+            msg = "CUDA out of memory. Tried to allocate the model's weights (sim)."
+            return 500, {"error": {"message": msg, "type": "InternalServerError", "code": 500}}
+        await asyncio.sleep(self.settings.wake_s)
+        self.awake_tags |= tags & _TAGS
+        if self.awake_tags == _TAGS:
+            self.asleep, self.level = False, 0
+            self.wakes += 1
+        return 200, {"status": "sleeping" if self.asleep else "awake", "tags": sorted(tags)}
+
+    def is_sleeping(self) -> tuple[int, Any]:
+        return 200, {"is_sleeping": self.asleep}
+
+    async def rpc(self, body: bytes) -> tuple[int, Any]:
+        try:
+            method = orjson.loads(body).get("method")
+        except (orjson.JSONDecodeError, AttributeError):
+            return 400, {"detail": "Request body must be a JSON object"}
+        if method == "reload_weights":
+            await asyncio.sleep(self.settings.reload_s)
+        return 200, {"results": [None]}
+
+    def stats(self) -> tuple[int, Any]:
+        s = self.settings
+        host = s.weights_gib if self.asleep and self.level == 1 else 0.0
+        return 200, {"asleep": self.asleep, "level": self.level, "sleeps": self.sleeps,
+                     "wakes": self.wakes, "host_ram_gib": host, "share": s.share,
+                     "violations": self.violations}  # fmt: skip
+
+    def control(self, body: bytes) -> tuple[int, Any]:
+        try:
+            knobs = orjson.loads(body or b"{}")
+        except orjson.JSONDecodeError:
+            return 400, {"detail": "not JSON"}
+        fail = knobs.get("wake_fail") if isinstance(knobs, dict) else None
+        if fail not in (None, "error", "crash"):
+            return 400, {"detail": "wake_fail: error, crash or null"}
+        self.wake_fail = fail
+        return self.stats()
+
+
+def _holds(member: dict[str, Any]) -> bool:
+    """Whether a ledger member holds its share: awake, and its process alive (a process that
+    died gave its GPU memory back)."""
+    if not member.get("awake"):
+        return False
+    try:
+        pid = int(member.get("pid", 0))
+        if pid <= 0:
+            return False
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+async def _drain(receive: Receive) -> bytes:
+    parts = []
+    while True:
+        message = await receive()
+        parts.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(parts)
+
+
+async def _reply(send: Send, status: int, payload: Any) -> None:
+    body = orjson.dumps(payload)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+# -- the command line (``gpupool sim``): options of their own, kept out of SimConfig --------------
+
+
+def sleep_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Add the sleep-mode options to ``gpupool sim``; they reach the app through the click
+    context (:func:`settings_from_context`), not the command's own arguments."""
+
+    @wraps(command)
+    def run(*args: Any, **kwargs: Any) -> None:
+        enabled = kwargs.pop("enable_sleep_mode")
+        settings = SleepSettings(
+            enabled=enabled or os.environ.get("VLLM_SERVER_DEV_MODE") == "1",
+            share=kwargs.pop("gpu_memory_utilization"),
+            ledger=kwargs.pop("sleep_ledger"),
+            member=f"{kwargs.get('host', '127.0.0.1')}:{kwargs.get('port', 8000)}",
+            sleep_s=kwargs.pop("sleep_s"),
+            wake_s=kwargs.pop("wake_s"),
+            reload_s=kwargs.pop("reload_s"),
+            weights_gib=kwargs.pop("weights_gib"),
+        )
+        if enabled or settings.ledger:
+            click.get_current_context().meta[_CTX_KEY] = settings
+        command(*args, **kwargs)
+
+    options = [
+        click.option("--enable-sleep-mode", is_flag=True, help="Serve vLLM's sleep routes."),
+        click.option("--gpu-memory-utilization", default=0.9, show_default=True, type=float,
+                     help="The GPU share held while awake (the sleep ledger's)."),
+        click.option("--sleep-ledger", default=None, help="Shared-GPU ledger file (JSON)."),
+        click.option("--sleep-s", default=0.05, show_default=True, type=float),
+        click.option("--wake-s", default=0.2, show_default=True, type=float),
+        click.option("--reload-s", default=0.5, show_default=True, type=float,
+                     help="Level 2: reload_weights' time."),
+        click.option("--weights-gib", default=16.0, show_default=True, type=float,
+                     help="Host RAM a level-1 sleep holds (shown by /sim/sleep)."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        run = option(run)
+    return run
+
+
+def settings_from_context() -> SleepSettings | None:
+    ctx = click.get_current_context(silent=True)
+    value = ctx.meta.get(_CTX_KEY) if ctx is not None else None
+    return value if isinstance(value, SleepSettings) else None

@@ -1,0 +1,121 @@
+"""Every swap group of the configuration, and the seams the rest of gpupool uses.
+
+- the supervisor asks :meth:`SwapController.gate` for a launched worker's launch gate;
+- the remote poller asks :meth:`SwapController.may_ready` before it marks a ``url:`` worker ready
+  (a member of a group is ready only while it holds the GPU);
+- the pipeline's ``Slots`` records waiting requests in :attr:`SwapController.demand`;
+- the admin API calls :meth:`sleep` and :meth:`wake`.
+
+A worker with ``sleep:`` but no ``swap_group`` is a group of its own (idle sleep, woken on
+demand). One gateway controls a group: its sleep and wake calls are not shared through Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+
+import aiohttp
+
+from gpupool.config.models import SwapConfig, WorkerConfig
+from gpupool.config.swap import sleeps
+from gpupool.workers.registry import Registry, Worker, WorkerState
+from gpupool.workers.swap.demand import Demand
+from gpupool.workers.swap.group import GroupSeams, Member, SwapEvents, SwapGroup
+from gpupool.workers.swap.policy import Turns
+
+
+class NotSwappable(Exception):
+    """The worker runs without sleep mode (no ``sleep:``, no ``swap_group``)."""
+
+
+class SwapController:
+    def __init__(
+        self,
+        registry: Registry,
+        session: aiohttp.ClientSession,
+        workers: Sequence[WorkerConfig],
+        cfg: SwapConfig,
+        events: SwapEvents,
+        restart: Callable[[str], Awaitable[None]] | None = None,
+        *,
+        probe_timeout_s: float = 10.0,
+        tick_s: float = 0.1,
+    ) -> None:
+        self.registry = registry
+        self.demand = Demand()
+        turns = Turns(cfg.min_awake_s, cfg.priority_weight_s)
+        seams = GroupSeams(registry, session, self.demand, events, restart, turns,
+                           cfg.sleep_timeout_s, cfg.wake_timeout_s, probe_timeout_s,
+                           tick_s)  # fmt: skip
+        members: dict[str, list[Member]] = {}
+        for wc in workers:
+            worker = registry.get(wc.name)
+            if worker is None or not sleeps(wc):
+                continue
+            group = wc.swap_group or wc.name
+            worker.swap_group = group
+            level = int(wc.sleep.level) if wc.sleep else 1
+            idle = wc.sleep.idle_s if wc.sleep else None
+            members.setdefault(group, []).append(Member(worker, level, idle, wc.launch is not None))
+        self.groups = {name: SwapGroup(name, ms, seams) for name, ms in members.items()}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def _find(self, name: str) -> tuple[SwapGroup, Member]:
+        for group in self.groups.values():
+            member = group.member(name)
+            if member is not None:
+                return group, member
+        raise NotSwappable(name)
+
+    # -- seams ----------------------------------------------------------------------------------
+
+    def gate(self, name: str) -> Callable[[], Awaitable[None]] | None:
+        """The launch gate of a launched worker in a group (None: launch at once)."""
+        try:
+            group, member = self._find(name)
+        except NotSwappable:
+            return None
+        return lambda: group.before_launch(member)
+
+    def may_ready(self, worker: Worker) -> bool:
+        try:
+            group, member = self._find(worker.name)
+        except NotSwappable:
+            return True
+        return group.may_run(member)
+
+    # -- life -----------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Run every group (start-up in turn, then the loop); returns at once."""
+        self._tasks = [
+            asyncio.create_task(g.run(), name=f"gpupool-swap-{g.name}")
+            for g in self.groups.values()
+        ]
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks = []
+
+    # -- admin ----------------------------------------------------------------------------------
+
+    async def sleep(self, name: str) -> bool:
+        """Put ``name`` to sleep now if it holds its GPU (its running requests finish first).
+        The group's policy may wake it again for requests waiting for its model."""
+        group, member = self._find(name)
+        async with group.lock:
+            return await group.put_to_sleep(member)
+
+    async def wake(self, name: str) -> bool:
+        """Give ``name`` its group's GPU now (the holder's running requests finish first)."""
+        group, member = self._find(name)
+        async with group.lock:
+            if member.worker.state in (WorkerState.draining, WorkerState.stopped):
+                return False
+            return await group.switch_to(member)

@@ -1,0 +1,49 @@
+"""The requests waiting for a slot, per model: what a swap group's policy reads.
+
+The pipeline's ``Slots.take`` holds a :meth:`Demand.waiting` entry for as long as a request waits
+(whatever ends the wait removes it), so the count is exact for this gateway. Nothing here does
+I/O.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ModelDemand:
+    count: int
+    oldest_s: float  # how long the oldest waiting request has waited
+    best_priority: int  # the most urgent waiting request's priority (lower first, as vLLM's)
+
+
+class Demand:
+    def __init__(self) -> None:
+        self._waiting: dict[str, dict[int, tuple[float, int]]] = {}
+        self._ids = itertools.count()
+
+    @contextmanager
+    def waiting(self, model: str, priority: int) -> Iterator[None]:
+        entry = next(self._ids)
+        mine = self._waiting.setdefault(model, {})
+        mine[entry] = (time.monotonic(), priority)
+        try:
+            yield
+        finally:
+            mine.pop(entry, None)
+
+    def count(self, model: str) -> int:
+        return len(self._waiting.get(model, ()))
+
+    def of(self, model: str, now: float | None = None) -> ModelDemand | None:
+        entries = self._waiting.get(model)
+        if not entries:
+            return None
+        now = time.monotonic() if now is None else now
+        oldest = min(since for since, _ in entries.values())
+        best = min(priority for _, priority in entries.values())
+        return ModelDemand(len(entries), now - oldest, best)

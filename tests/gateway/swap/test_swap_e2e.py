@@ -1,0 +1,177 @@
+"""Two models taking turns on one (simulated) GPU through gpupool: `gpupool serve`, launched
+`gpupool sim` workers with sleep mode and a shared-GPU ledger, the openai client.
+
+Every test checks the invariants after the fact from the sims' own ledger (no start or wake
+while the other held the GPU, no request reached a sleeping worker, no sleep with a generation
+running) and, while it runs, from /admin/workers (never two members of the group awake)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import RedisServer
+from tests.gateway.swap.tools import (
+    Sampler,
+    ledger_of,
+    metric,
+    serving,
+    two_model_config,
+    wait_states,
+    workers,
+)
+from tests.procs import Proc, running, sim
+
+
+def _client(gw: Proc) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0, timeout=60)
+
+
+def _clean(tmp: Path) -> None:
+    ledger = ledger_of(tmp)
+    assert ledger["violations"] == []
+    assert ledger["peak_awake"] <= 1.0
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Proc]:
+    with serving(two_model_config(tmp_path), tmp_path) as gw:
+        wait_states(gw, {"coder-w": "ready", "chat-w": "asleep"})
+        yield gw
+
+
+def test_start_up_in_turn_ends_with_the_first_awake(stack: Proc, tmp_path: Path) -> None:
+    seen = workers(stack)
+    assert {n: w["state"] for n, w in seen.items()} == {"coder-w": "ready", "chat-w": "asleep"}
+    assert {w["swap_group"] for w in seen.values()} == {"gpu0"}  # formed from 0.85 + 0.85
+    assert len(ledger_of(tmp_path)["members"]) == 2  # both started (one after the other)
+    models = {m.id for m in _client(stack).models.list().data}
+    assert models == {"coder", "chat"}  # a sleeping model is listed: it is served on demand
+    assert httpx.get(stack.url + "/ready").status_code == 200
+    _clean(tmp_path)
+
+
+def _ask(client: openai.OpenAI, model: str, stream: bool) -> str:
+    if stream:
+        chunks = client.completions.create(model=model, prompt="hi", max_tokens=6, stream=True)
+        return "".join(c.choices[0].text for c in chunks if c.choices)
+    return client.completions.create(model=model, prompt="hi", max_tokens=6).choices[0].text
+
+
+def _mixed_load(gw: Proc, n: int) -> list[str]:
+    client = _client(gw)
+    rng = random.Random(7)
+    jobs = [(rng.choice(["coder", "chat"]), rng.random() < 0.5) for _ in range(n)]
+    with ThreadPoolExecutor(8) as pool:
+        return list(pool.map(lambda j: _ask(client, *j), jobs))
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+def test_mixed_load_switches_without_a_failure(
+    tmp_path: Path, backend: str, redis_server: RedisServer
+) -> None:
+    queue: dict[str, Any] = {"backend": backend}
+    if backend == "redis":
+        queue |= {"redis_url": redis_server.url, "redis_prefix": f"swap-{tmp_path.name}"}
+    with serving(two_model_config(tmp_path, queue=queue), tmp_path) as gw:
+        wait_states(gw, {"coder-w": "ready", "chat-w": "asleep"})
+        with Sampler(gw) as sampler:
+            answers = _mixed_load(gw, 48)
+        assert len(answers) == 48 and all(answers)
+        assert sampler.samples > 10 and sampler.most_awake == 1
+        switches = metric(gw, "gpupool_swap_switches_total")
+        assert switches >= 1
+        assert metric(gw, "gpupool_swap_switch_seconds_count") == switches
+        assert metric(gw, "gpupool_swap_waited_requests_total") >= 1
+        assert metric(gw, "gpupool_worker_asleep_seconds") > 0
+        held = httpx.get(gw.url + "/admin/held").json()
+        assert set(held["inflight"].values()) == {0}
+    _clean(tmp_path)
+
+
+def test_a_stream_in_flight_finishes_before_its_worker_sleeps(
+    stack: Proc, tmp_path: Path
+) -> None:
+    client = _client(stack)
+    stream = client.completions.create(model="coder", prompt="hi", max_tokens=120, stream=True)
+    chunks = iter(stream)
+    first = next(chunks)  # running on coder-w (10 ms a token: over a second to go)
+    with ThreadPoolExecutor(1) as pool:
+        other = pool.submit(_ask, client, "chat", False)
+        wait_states(stack, {"coder-w": "falling_asleep"}, timeout=30)  # the switch is asked for
+        assert workers(stack)["coder-w"]["inflight"] == 1
+        rest = [c.choices[0].text for c in chunks if c.choices]
+        assert other.result(timeout=60)
+    text = first.choices[0].text + "".join(rest)
+    assert len(rest) == 119 and text  # every token came, then [DONE]
+    assert workers(stack)["chat-w"]["state"] == "ready"
+    _clean(tmp_path)
+
+
+def test_admin_sleep_and_wake(stack: Proc, tmp_path: Path) -> None:
+    r = httpx.post(stack.url + "/admin/workers/chat-w/wake", timeout=60)
+    assert r.status_code == 200 and r.json()["state"] == "ready"
+    assert workers(stack)["coder-w"]["state"] == "asleep"
+    r = httpx.post(stack.url + "/admin/workers/chat-w/sleep", timeout=60)
+    assert r.status_code == 200 and r.json()["state"] == "asleep"
+    assert _ask(_client(stack), "coder", False)  # woken on demand
+    r = httpx.post(stack.url + "/admin/workers/nobody/sleep")
+    assert r.status_code == 404
+    _clean(tmp_path)
+
+
+def test_idle_worker_sleeps_and_wakes_on_demand(tmp_path: Path) -> None:
+    cfg = two_model_config(tmp_path)
+    cfg["workers"][0]["sleep"] = {"level": 1, "idle_s": 0.5}
+    with serving(cfg, tmp_path) as gw:
+        wait_states(gw, {"coder-w": "asleep", "chat-w": "asleep"})  # idle: the GPU is free
+        assert _ask(_client(gw), "coder", True)
+        assert workers(gw)["coder-w"]["state"] == "ready"
+        wait_states(gw, {"coder-w": "asleep"})
+    _clean(tmp_path)
+
+
+@pytest.mark.parametrize("how", ["error", "crash"])
+def test_a_failed_wake_restarts_the_worker_and_serves(
+    stack: Proc, tmp_path: Path, how: str
+) -> None:
+    chat = workers(stack)["chat-w"]
+    httpx.post(chat["url"] + "/sim/sleep", json={"wake_fail": how}).raise_for_status()
+    assert _ask(_client(stack), "chat", False)  # waits through the failure and the restart
+    after = workers(stack)["chat-w"]
+    assert after["state"] == "ready" and after["restarts"] + (after["pid"] != chat["pid"]) >= 1
+    assert "wake failed" in (after["last_error"] or "wake failed")
+    assert workers(stack)["coder-w"]["state"] == "asleep"
+    _clean(tmp_path)
+
+
+def test_url_workers_found_awake_are_put_to_sleep_but_one(tmp_path: Path) -> None:
+    a = sim(model="coder", tmp=tmp_path, enable_sleep_mode=True, itl_ms=5)
+    b = sim(model="chat", tmp=tmp_path, enable_sleep_mode=True, itl_ms=5)
+    cfg = {
+        "models": [{"name": "coder"}, {"name": "chat"}],
+        "workers": [
+            {"name": "a", "model": "coder", "url": a.url, "swap_group": "shared"},
+            {"name": "b", "model": "chat", "url": b.url, "swap_group": "shared"},
+        ],
+        "routing": {"health_interval_s": 0.3, "metrics_interval_s": 3600},
+        "swap": {"min_awake_s": 0.2},
+    }
+    with running(a, b):
+        assert httpx.get(b.url + "/is_sleeping").json() == {"is_sleeping": False}
+        with serving(cfg, tmp_path) as gw:
+            wait_states(gw, {"a": "ready", "b": "asleep"})
+            assert httpx.get(b.url + "/is_sleeping").json() == {"is_sleeping": True}
+            with Sampler(gw) as sampler:
+                assert _ask(_client(gw), "chat", True)
+                assert _ask(_client(gw), "coder", False)
+            assert sampler.most_awake == 1
+            assert httpx.get(b.url + "/sim/sleep").json()["violations"] == []
+            assert httpx.get(a.url + "/sim/sleep").json()["violations"] == []
