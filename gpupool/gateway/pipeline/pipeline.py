@@ -103,7 +103,8 @@ class Pipeline:
         req = kind.read(raw, self.read_limits)
         model = self.catalog.resolve(req.model, incoming.allowed_models())
         ctx = build_context(incoming, req)
-        req.prefix_key = owned_prefix_key(req.prefix_key, self.cache.owner(ctx.tenant))
+        if self.cache.isolated:  # affinity per tenant, as the cache
+            req.prefix_key = owned_prefix_key(req.prefix_key, ctx.tenant)
         media = await self._check_media(req, model) if _may_hold_media(req.raw) else _NO_MEDIA
         route = self._route_by_bound(req, model, media)
         if route is None:
@@ -219,7 +220,7 @@ class Pipeline:
         """The worker's ``cache_salt`` from the tenant (isolated caches), and on
         ``/v1/responses`` the response's id from the gateway's request id (``stored.py``)."""
         fields: dict[str, Any] = {}
-        if kind.salted:
+        if kind.salted and self.cache.isolated:
             salt = self.cache.salt(ctx.tenant, req.body.get("cache_salt"))
             if salt is not None:
                 fields["cache_salt"] = salt

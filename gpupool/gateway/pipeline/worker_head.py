@@ -54,20 +54,25 @@ def worker_head(headers: list[tuple[bytes, bytes]], request_id: bytes) -> bytes:
 
     Raises :class:`InvalidBody` for a header value with a line break (never forwarded).
     """
-    named = _connection_names(headers)
     lines: list[bytes] = []
-    trace = False
+    named = trace = state = False
     for k, v in headers:
-        if not passes(k) or (named and k in named):
+        if k in NEVER or k.startswith(_PREFIXES):
+            named = named or k == b"connection"
             continue
         if k == b"traceparent":
             if trace or not _TRACEPARENT.match(v.strip()) or v.startswith(b"ff"):
                 continue
             trace = True
-        elif k == b"tracestate" and len(v) > _MAX_TRACESTATE:
-            continue
+        elif k == b"tracestate":
+            if len(v) > _MAX_TRACESTATE:
+                continue
+            state = True
         lines.append(b"%b: %b\r\n" % (k, v))
-    if not trace:
+    if named:  # drop what the client's Connection: names (hop-by-hop by its word)
+        names = _connection_names(headers)
+        lines = [line for line in lines if line.split(b":", 1)[0] not in names]
+    if state and not trace:
         lines = [line for line in lines if not line.startswith(b"tracestate:")]
     lines.append(b"content-type: application/json\r\nx-request-id: %b\r\n" % request_id)
     head = b"".join(lines)

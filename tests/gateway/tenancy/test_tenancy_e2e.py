@@ -20,6 +20,7 @@ import openai
 import pytest
 import yaml
 
+from tests.conftest import RedisServer
 from tests.gateway.tenancy.fake_worker import FakeWorker
 from tests.hostile_tools import assert_nothing_held
 from tests.procs import gateway, running
@@ -321,3 +322,31 @@ def test_a_reload_that_adds_a_tenant_isolates_caches(tmp_path: Path) -> None:
             assert r.status_code == 200, r.text
             r = httpx.post(g.url + "/v1/completions", json=body, headers=_k(A1), timeout=30)
             assert r.status_code == 200 and "cache_salt" in w.seen[-1].body
+
+
+def test_replicas_sharing_redis_send_a_follow_up_to_its_worker(
+    tmp_path: Path, own_redis: RedisServer
+) -> None:
+    """With `queue.backend: redis`, a response made through one gateway is found by another:
+    its follow-ups and reads reach the worker that stored it, and another tenant still gets
+    the 404."""
+    w1, w2 = FakeWorker(MODEL), FakeWorker(MODEL)
+    with w1.running(), w2.running():
+        queue = {"backend": "redis", "redis_url": own_redis.url}
+        one = gateway(cfg(w1.url, w2.url, queue=queue), tmp_path)
+        (tmp_path / "two").mkdir()
+        two = gateway(cfg(w1.url, w2.url, queue=queue), tmp_path / "two")
+        with running(one, two):
+            wait_ready(one.url)
+            wait_ready(two.url)
+            pool = Pool(one.url, w1, w2)
+            raw = _client(pool, A1).responses.with_raw_response.create(model=MODEL, input="x")
+            home, made = raw.headers["x-gpupool-worker"], raw.parse()
+            other = Pool(two.url, w1, w2)
+            for i in range(6):
+                r = _client(other, A2).responses.with_raw_response.create(
+                    model=MODEL, input=f"y{i}", previous_response_id=made.id)  # fmt: skip
+                assert r.headers["x-gpupool-worker"] == home
+            assert _client(other, A1).responses.retrieve(made.id).id == made.id
+            with pytest.raises(openai.NotFoundError):
+                _client(other, B).responses.retrieve(made.id)
