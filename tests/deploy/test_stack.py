@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import yaml
 
@@ -267,3 +268,121 @@ def _up(stack: Stack) -> bool:
     return bool(
         stack.engine.compose(PROJECT, COMPOSE, "ps", "-q", env=stack.env, check=False).stdout
     )
+
+
+# --- the worker image (docker/worker.Dockerfile) -------------------------------------------
+
+WORKER_DOCKERFILE = ROOT / "docker" / "worker.Dockerfile"
+
+
+def _vllm_base() -> str:
+    for line in WORKER_DOCKERFILE.read_text().splitlines():
+        if line.startswith("ARG VLLM_IMAGE="):
+            return line.partition("=")[2]
+    raise AssertionError("worker.Dockerfile names no VLLM_IMAGE")
+
+
+def _build_worker(engine: Engine, base: str, tag: str) -> None:
+    engine.run(
+        "build",
+        "--network",
+        "host",
+        "-q",
+        "-f",
+        str(WORKER_DOCKERFILE),
+        "--build-arg",
+        f"VLLM_IMAGE={base}",
+        "-t",
+        tag,
+        str(ROOT),
+    )
+
+
+def test_worker_image_on_the_official_vllm_base(engine: Engine) -> None:
+    base = _vllm_base()
+    if not engine.has_image(base):
+        MEASURED["worker_image"] = f"not built on {base}: not available, no registry here"
+        pytest.skip(
+            f"{base} is not available to this engine and no registry is reachable "
+            "here; the recipe is built on a stand-in base in the next test"
+        )
+    _build_worker(engine, base, "gpupool-worker:latest")
+    r = engine.run(
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--entrypoint",
+        "vllm",
+        "gpupool-worker:latest",
+        "--version",
+    )
+    assert r.returncode == 0
+    MEASURED["worker_image_mb"] = round(engine.image_size("gpupool-worker:latest") / 1e6)
+
+
+def test_worker_image_recipe_supervises_its_engine_inside(engine: Engine, tmp_path: Path) -> None:
+    """The recipe built on the local Python base instead of vLLM's: gpupool installed in
+    /opt/gpupool, `gpupool serve` as the entry point, launching and supervising its engine inside
+    the container (the simulator, standing in for `vllm serve`), the state and caches on a
+    volume, and stopping it cleanly on `docker stop`."""
+    tag = "gpupool-worker:stand-in"
+    _build_worker(engine, BASE_TAG, tag)
+    port = free_port()
+    cfg = {
+        "server": {"host": "127.0.0.1", "port": port, "state_dir": "/var/lib/gpupool"},
+        "models": [{"name": MODEL}],
+        "workers": [
+            {
+                "name": "gpu0",
+                "model": MODEL,
+                "launch": {
+                    "command": ["gpupool", "sim"],
+                    "model_path": "unused",
+                    "args": {"max-num-seqs": 4},
+                },
+            }
+        ],
+    }
+    config = tmp_path / "gpupool.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    config.chmod(0o644)
+    tmp_path.chmod(0o755)
+    name = "gpupool-worker-test"
+    engine.run(
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--network",
+        "host",
+        "-v",
+        f"{config}:/etc/gpupool/gpupool.yaml:ro",
+        "-v",
+        "gpupool-worker-state:/var/lib/gpupool",
+        tag,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: _status(url + "/ready") == 200, "the worker container ready", 90)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        reply = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
+        assert reply.choices[0].message.content
+        listing = engine.run("exec", name, "ls", "/var/lib/gpupool", "/var/lib/gpupool/logs").stdout
+        assert "gpu0.log" in listing  # the supervised engine's log, on the volume
+        engine.run("stop", "-t", "30", name)
+        code = engine.run("inspect", "--format", "{{.State.ExitCode}}", name).stdout.strip()
+        assert code == "0", engine.run("logs", "--tail", "30", name).stderr
+    finally:
+        engine.run("rm", "-f", name, check=False)
+        engine.run("volume", "rm", "gpupool-worker-state", check=False)
+        engine.run("rmi", tag, check=False)
+
+
+def _status(url: str) -> int:
+    try:
+        return httpx.get(url, timeout=5).status_code
+    except httpx.HTTPError:
+        return 0
