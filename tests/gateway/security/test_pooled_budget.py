@@ -54,7 +54,9 @@ async def test_a_reranks_query_is_reserved_once_per_document() -> None:
     raw = orjson.dumps({"model": MODEL, "query": query, "documents": ["doc"] * 200})
     incoming = Incoming("rid", [(b"authorization", f"Bearer {KEY}".encode())], principal)
     task = asyncio.create_task(pipeline.handle(KINDS["/rerank"], incoming, raw))
-    await arrived.wait()  # at the worker: the key's hold is taken
+    at_worker = asyncio.create_task(arrived.wait())  # there, the key's hold is taken
+    await asyncio.wait({task, at_worker}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+    assert at_worker.done(), task.exception() if task.done() else "it never reached the worker"
     reserved = await limits.reserved("k")
     assert reserved >= 200 * 1000, reserved  # not len(raw) / 4 (about 1,150)
     release.set()
