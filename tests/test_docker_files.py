@@ -304,7 +304,9 @@ def test_dockerfile_runs_gpupool_serve_as_non_root(
     user = _instruction(stage, "USER")
     assert user.split(":")[0] not in ("root", "0")
     # gpupool is installed into a virtual environment in the build stage and copied over
-    assert any(i["instruction"] == "COPY" and "/opt/gpupool /opt/gpupool" in i["value"] for i in stage)
+    assert any(
+        i["instruction"] == "COPY" and "/opt/gpupool /opt/gpupool" in i["value"] for i in stage
+    )
     assert "/opt/gpupool/bin:" in _instruction(stage, "ENV")
     assert json.loads(_instruction(stage, "ENTRYPOINT")) == ["gpupool"]
     cmd = json.loads(_instruction(stage, "CMD"))
@@ -398,7 +400,11 @@ def test_worker_image_runs_gpupool_over_the_official_vllm_image() -> None:
     run = " ".join(i["value"] for i in stage if i["instruction"] == "RUN")
     assert "python3 -m venv /opt/gpupool" in run and "/opt/gpupool/bin/pip install" in run
     assert json.loads(_instruction(stage, "ENTRYPOINT")) == ["gpupool"]
-    assert json.loads(_instruction(stage, "CMD")) == ["serve", "--config", "/etc/gpupool/gpupool.yaml"]
+    assert json.loads(_instruction(stage, "CMD")) == [
+        "serve",
+        "--config",
+        "/etc/gpupool/gpupool.yaml",
+    ]
     assert "/health" in _instruction(stage, "HEALTHCHECK")
 
 
