@@ -21,6 +21,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -189,7 +190,7 @@ class Engine:
             capture_output=True,
             text=True,
             timeout=900,
-            env={**os.environ, "PYTHON": shutil.which("python3") or "python3"},
+            env={**os.environ, "PYTHON": sys.executable},
         )
         assert r.returncode == 0, r.stdout + r.stderr
         self.run(

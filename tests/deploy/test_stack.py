@@ -43,7 +43,11 @@ PROBE_S = CONFIG["routing"]["health_interval_s"]
 PROJECT = "gpupool-test"
 VLLM_IMAGE_ORDER_BYTES = 10 * 10**9  # the official vllm/vllm-openai image: 10+ GB
 
-pytestmark = pytest.mark.skipif(why_no_engine() is not None, reason=str(why_no_engine()))
+pytestmark = [
+    pytest.mark.skipif(why_no_engine() is not None, reason=str(why_no_engine())),
+    # the first test also builds the images: debootstrap (first run), wheels, the build
+    pytest.mark.timeout(1800),
+]
 
 # what the run measured, printed at the end (pytest -s) and kept in .cache/docker/last-run.json
 MEASURED: dict[str, Any] = {}
