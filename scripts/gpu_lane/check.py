@@ -35,6 +35,7 @@ import lane_dense  # noqa: E402
 import lane_gpu  # noqa: E402
 import lane_hybrid  # noqa: E402
 import lane_init  # noqa: E402
+import lane_sleep  # noqa: E402
 import lane_steps  # noqa: E402
 import lane_tput  # noqa: E402
 import report  # noqa: E402
@@ -90,7 +91,18 @@ INIT: list[Step] = [
     ("planner", lane_steps.planner, 0, False),
     ("stop", lane_steps.stop, 0, False),
 ]
-PHASES = {"dense": DENSE, "hybrid": HYBRID, "throughput": THROUGHPUT, "init": INIT}
+# issue 28: two 8B-shaped models taking turns on one GPU (vLLM's sleep mode), lane_sleep.py
+SLEEP: list[Step] = [
+    ("hardware", lane_steps.hardware, 5, False),
+    ("launch", lane_sleep.launch, 150, False),
+    ("switch_l1", lane_sleep.switch_l1, 30, True),
+    ("cold_restart", lane_sleep.cold_restart, 100, True),
+    ("alternate", lane_sleep.alternate, 60, True),
+    ("switch_l2", lane_sleep.switch_l2, 40, True),
+    ("stop", lane_steps.stop, 0, False),
+]
+PHASES = {"dense": DENSE, "hybrid": HYBRID, "throughput": THROUGHPUT, "init": INIT,
+          "sleep": SLEEP}  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -22,7 +22,8 @@ dense_config=$here/configs/dense-1gpu.yaml
 case $phase in
   dense|throughput|init) shape=${LANE_SHAPE:-$here/shapes/dense-8b-like}; config=${LANE_CONFIG:-$dense_config} ;;
   hybrid) shape=${LANE_SHAPE:-$here/shapes/hybrid-moe-35b-a3b-like}; config=${LANE_CONFIG:-$here/configs/hybrid-1gpu.yaml} ;;
-  *) echo "usage: check.sh dense|hybrid|throughput|init" >&2; exit 2 ;;
+  sleep) shape=${LANE_SHAPE:-$here/shapes/dense-8b-like}; config=${LANE_CONFIG:-$here/configs/sleep-1gpu.yaml} ;;
+  *) echo "usage: check.sh dense|hybrid|throughput|init|sleep" >&2; exit 2 ;;
 esac
 if [ "${LANE_REHEARSAL:-0}" != 1 ]; then
   bash "$here/install.sh" || exit 1

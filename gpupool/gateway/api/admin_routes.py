@@ -133,11 +133,11 @@ async def restart(request: Request) -> ASGIApp:
 
 
 async def sleep(request: Request) -> ASGIApp:
-    """Put a sleep-mode worker to sleep (its running requests finish first); its group may
-    wake it again for requests waiting for its model."""
-    _query(request, {})
+    """Put a sleep-mode worker to sleep (its running requests finish first), at ``?level=1|2``
+    this time if given; its group may wake it again for requests waiting for its model."""
+    level = _query(request, {"level": sleep_level}).get("level")
     w, svc = _worker(request), services(request)
-    await _swap(svc, w).sleep(w.name)
+    await _swap(svc, w).sleep(w.name, level)
     return ReplyResponse(Reply.json(200, worker_status(w)))
 
 
@@ -148,6 +148,12 @@ async def wake(request: Request) -> ASGIApp:
     w, svc = _worker(request), services(request)
     await _swap(svc, w).wake(w.name)
     return ReplyResponse(Reply.json(200, worker_status(w)))
+
+
+def sleep_level(name: str, text: str) -> int:
+    if text not in ("1", "2"):
+        raise InvalidBody(f"Query parameter `{name}` must be 1 or 2.", param=name)
+    return int(text)
 
 
 def _swap(svc: Services, w: Worker) -> SwapController:

@@ -105,12 +105,17 @@ class SwapController:
 
     # -- admin ----------------------------------------------------------------------------------
 
-    async def sleep(self, name: str) -> bool:
-        """Put ``name`` to sleep now if it holds its GPU (its running requests finish first).
-        The group's policy may wake it again for requests waiting for its model."""
+    async def sleep(self, name: str, level: int | None = None) -> bool:
+        """Put ``name`` to sleep now if it holds its GPU (its running requests finish first),
+        at ``level`` this time (default: its configured level). The group's policy may wake it
+        again for requests waiting for its model."""
         group, member = self._find(name)
         async with group.lock:
-            return await group.put_to_sleep(member)
+            member.next_level = level
+            try:
+                return await group.put_to_sleep(member)
+            finally:
+                member.next_level = None
 
     async def wake(self, name: str) -> bool:
         """Give ``name`` its group's GPU now (the holder's running requests finish first)."""

@@ -62,6 +62,8 @@ class Member:
     level: int
     idle_s: float | None
     launched: bool
+    slept_at: int | None = None  # the level of its current sleep (an admin may pick another)
+    next_level: int | None = None  # the level of its next sleep only (admin ``?level=``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,8 +274,10 @@ class SwapGroup:
     async def _sleep_call(self, m: Member) -> bool:
         w, seams = m.worker, self.seams
         assert w.url is not None
+        level, m.next_level = m.next_level or m.level, None
         try:
-            await client.sleep(seams.session, w.url, m.level, seams.sleep_timeout_s)
+            await client.sleep(seams.session, w.url, level, seams.sleep_timeout_s)
+            m.slept_at = level
         except SleepCallFailed as e:
             return await self._failed(m, f"sleep failed: {e}")
         if w.state in (WorkerState.falling_asleep, WorkerState.ready) or not m.launched:
@@ -285,7 +289,8 @@ class SwapGroup:
         if w.state is WorkerState.asleep and w.url is not None:
             seams.registry.transition(w, WorkerState.waking)
             try:
-                await client.wake(seams.session, w.url, m.level, seams.wake_timeout_s)
+                await client.wake(seams.session, w.url, m.slept_at or m.level,
+                                  seams.wake_timeout_s)  # fmt: skip
             except SleepCallFailed as e:
                 await self._failed(m, f"wake failed: {e}")
                 if m.launched:  # restarted: it comes up awake, as its turn goes on
@@ -316,7 +321,8 @@ class SwapGroup:
             return False
         if await client.is_sleeping(seams.session, w.url, seams.probe_timeout_s):
             try:
-                await client.wake(seams.session, w.url, m.level, seams.wake_timeout_s)
+                await client.wake(seams.session, w.url, m.slept_at or m.level,
+                                  seams.wake_timeout_s)  # fmt: skip
             except SleepCallFailed as e:
                 await self._failed(m, f"wake failed: {e}")
                 return False

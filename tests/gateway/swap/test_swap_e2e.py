@@ -119,11 +119,18 @@ def test_admin_sleep_and_wake(stack: Proc, tmp_path: Path) -> None:
     r = httpx.post(stack.url + "/admin/workers/chat-w/wake", timeout=60)
     assert r.status_code == 200 and r.json()["state"] == "ready"
     assert workers(stack)["coder-w"]["state"] == "asleep"
-    r = httpx.post(stack.url + "/admin/workers/chat-w/sleep", timeout=60)
+    r = httpx.post(stack.url + "/admin/workers/chat-w/sleep?level=2", timeout=60)
     assert r.status_code == 200 and r.json()["state"] == "asleep"
+    chat = r.json()["url"]
+    assert httpx.get(chat + "/sim/sleep").json()["level"] == 2  # this time only
     assert _ask(_client(stack), "coder", False)  # woken on demand
+    assert _ask(_client(stack), "chat", False)  # a level-2 wake: weights reloaded
+    stats = httpx.get(chat + "/sim/sleep").json()
+    assert (stats["asleep"], stats["wakes"]) == (False, 2)
     r = httpx.post(stack.url + "/admin/workers/nobody/sleep")
     assert r.status_code == 404
+    r = httpx.post(stack.url + "/admin/workers/chat-w/sleep?level=3")
+    assert r.status_code == 400 and r.json()["error"]["param"] == "level"
     _clean(tmp_path)
 
 

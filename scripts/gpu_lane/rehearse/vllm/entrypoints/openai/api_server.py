@@ -16,6 +16,7 @@ def main() -> None:
         p.add_argument(flag)
     p.add_argument("--max-num-seqs", default="128")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--enable-sleep-mode", action="store_true")
     args, _ = p.parse_known_args()
     cache = Path(os.environ.get("VLLM_CACHE_ROOT", "/tmp/fake-vllm-cache")) / "torch_compile_cache"
     warm = (cache / "graph.bin").exists()
@@ -56,6 +57,12 @@ def main() -> None:
         "--output-tokens",
         "100000",
     ]
+    if args.enable_sleep_mode:  # issue 28: the sim's sleep routes on a shared-GPU ledger
+        ledger = os.environ.get("FAKE_VLLM_LEDGER", "/tmp/fake-vllm-gpu0-ledger.json")
+        sys.argv += ["--enable-sleep-mode", "--gpu-memory-utilization",
+                     str(args.gpu_memory_utilization), "--sleep-ledger", ledger,
+                     "--sleep-s", "0.8", "--wake-s", "0.6", "--reload-s", "2.0",
+                     "--weights-gib", "15.3"]  # fmt: skip
     sim.main(standalone_mode=True)
 
 
