@@ -16,9 +16,15 @@ invisible: correct routing measures 1.00, within the host's noise (a few percent
 loaded 2-core machine; both windows pinned, ``bench/throughput.py --aa``, shows it).
 
     .venv/bin/pytest -s tests/gateway/routing/test_throughput_guard.py   # per-round figures
+
+``GPUPOOL_GUARD_GATEWAY_TREE=DIR`` runs another tree's gateway against the same simulators
+(``git archive COMMIT gpupool | tar -x -C DIR``: the guard on the code before a change).
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import pytest
 
@@ -39,7 +45,8 @@ def test_routing_costs_no_throughput_and_splits_bursts_evenly() -> None:
         print(line, flush=True)
         lines.append(line)
 
-    report = tput.run(SHAPE, PLAN, say)
+    tree = Path(os.environ.get("GPUPOOL_GUARD_GATEWAY_TREE") or tput.ROOT)
+    report = tput.run(SHAPE, PLAN, say, gateway_tree=tree)
     figures = "\n".join(lines)
     for kind in PLAN.kinds:
         ratio = report.ratio_of(kind)
