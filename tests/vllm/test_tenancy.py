@@ -15,6 +15,7 @@ import re
 import secrets
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import httpx
 import openai
 import pytest
 
+from tests.fault_tools import report
 from tests.procs import gateway, running
 from tests.vllm.conftest import _paths
 
@@ -180,7 +182,13 @@ def test_background_responses_can_be_polled_and_cancelled(stack: dict[str, Any])
         time.sleep(0.2)
         got = a.responses.retrieve(bg.id)
     assert got.status in ("completed", "incomplete"), got
-    long = a.responses.create(model=MODEL, input="go on", max_output_tokens=1500, background=True)
+    long = a.responses.create(
+        model=MODEL,
+        input="go on",
+        max_output_tokens=1500,
+        background=True,
+        extra_body={"ignore_eos": True},  # random weights may end it at once otherwise
+    )
     cancelled = a.responses.cancel(long.id)
     assert cancelled.status == "cancelled"
     assert a.responses.retrieve(long.id).status == "cancelled"
@@ -192,15 +200,21 @@ def test_a_response_whose_worker_is_gone_is_vllms_404_said_plainly(
     """Stored on w2, then w2 drained (stopped): its id is a 404 saying why. The cache cases
     below run on w1 alone."""
     a = _client(stack["gw"], A1)
-    made = None
-    for i in range(20):
-        r = a.responses.with_raw_response.create(
-            model=MODEL, input=f"where am I {i}", max_output_tokens=2
+
+    def one(i: int) -> Any:
+        return a.responses.with_raw_response.create(
+            model=MODEL, input=f"where am I {i}", max_output_tokens=8
         )
-        if r.headers["x-gpupool-worker"] == "w2":
-            made = r.parse()
+
+    made = None
+    for _ in range(5):  # four at once: the idle workers share them
+        with ThreadPoolExecutor(4) as pool:
+            raws = list(pool.map(one, range(4)))
+        on_w2 = [r.parse() for r in raws if r.headers["x-gpupool-worker"] == "w2"]
+        if on_w2:
+            made = on_w2[0]
             break
-    assert made is not None, "no response landed on w2 in 20 tries"
+    assert made is not None, "no response landed on w2"
     _only_w1(stack["gw"])
     with pytest.raises(openai.NotFoundError) as e:
         a.responses.retrieve(made.id)
@@ -232,10 +246,15 @@ def test_cache_hits_stay_within_a_tenant(stack: dict[str, Any]) -> None:
     _only_w1(gw)
     w1 = _worker_url(gw, "w1")
     prompt = _prompt(secrets.token_hex(3))
-    _delta(gw, w1, A1, prompt)
-    assert _delta(gw, w1, B, prompt) == 0  # another tenant: none of team-a's blocks
-    assert _delta(gw, w1, A2, prompt) > 500  # team-a's other key: team-a's blocks
-    assert _delta(gw, w1, B, prompt) > 500  # t1 again: t1's own blocks
+    first = _delta(gw, w1, A1, prompt)
+    other = _delta(gw, w1, B, prompt)
+    same = _delta(gw, w1, A2, prompt)
+    again = _delta(gw, w1, B, prompt)
+    report("tenancy: prefix-cache hits (tokens)", team_a_first=first, t1_same_prompt=other,
+           team_a_other_key=same, t1_again=again)  # fmt: skip
+    assert other == 0  # another tenant: none of team-a's blocks
+    assert same >= 256  # team-a's other key: team-a's blocks
+    assert again >= 256  # t1 again: t1's own blocks
 
 
 def test_a_client_salt_is_mixed_into_its_tenants(stack: dict[str, Any]) -> None:
@@ -254,7 +273,7 @@ def test_a_client_salt_is_mixed_into_its_tenants(stack: dict[str, Any]) -> None:
     _client(gw, A2).completions.create(
         model=MODEL, prompt=prompt, max_tokens=1, extra_body={"cache_salt": "u1"}
     )
-    assert _hits(w1) - before > 500
+    assert _hits(w1) - before >= 256
     with pytest.raises(openai.BadRequestError):
         c.completions.create(
             model=MODEL, prompt="x", max_tokens=1, extra_body={"cache_salt": "a/b"}
@@ -273,12 +292,16 @@ def test_shared_cache_on_purpose(stack: dict[str, Any]) -> None:
         "auth": _auth(),
         "tenancy": {"cache": "shared"},
     }
-    shared = gateway(cfg, tmp)
+    own = tmp / "shared"  # its own state_dir: a gateway cleans up the pid files it finds there
+    own.mkdir(exist_ok=True)
+    shared = gateway(cfg, own)
     with running(shared):
         _wait_ready(shared.url, ("w1",))
         prompt = _prompt(secrets.token_hex(3))
         _delta(shared.url, w1, A1, prompt)
-        assert _delta(shared.url, w1, B, prompt) > 500
+        other = _delta(shared.url, w1, B, prompt)
+        report("tenancy: shared cache, another tenant's hits (tokens)", t1_same_prompt=other)
+        assert other >= 256
 
 
 def _only_w1(url: str) -> None:
