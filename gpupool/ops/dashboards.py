@@ -401,12 +401,42 @@ def vllm_panels() -> list[Any]:
     ]
 
 
+def swap_panels() -> list[Any]:
+    """Models taking turns on a GPU (sleep mode, issue 28)."""
+    switches = graph(
+        "Switches", "short",
+        [Query(f"sum by (group, model) (increase(gpupool_swap_switches_total{{{_MODEL}}}"
+               f"[{RATE}]))", "{{group}} → {{model}}")],
+        "Times a swap group's GPU went to a model (the model woken).", span=8,
+    )  # fmt: skip
+    seconds = graph(
+        "Switch time", "s",
+        quantiles("gpupool_swap_switch_seconds", _MODEL, "model", (0.5, 0.95)),
+        "From the decision to switch to the woken worker ready: the running requests' end, the "
+        "sleep and the wake.", span=8,
+    )  # fmt: skip
+    asleep = graph(
+        "Asleep and waiting for a switch", "short",
+        [Query(f'sum by (model) (gpupool_worker_state{{{GW}, state="asleep"}})',
+               "asleep {{model}}"),
+         Query(f"sum by (model) (increase(gpupool_swap_waited_requests_total{{{_MODEL}}}"
+               f"[{RATE}]))", "waited {{model}}")],
+        "Workers asleep, and requests that waited in the queue for their model to be woken.",
+        span=8,
+    )  # fmt: skip
+    return [switches, seconds, asleep]
+
+
+_MODEL = 'model=~"$model"'
+
+
 ROWS = (
     ("Workers", worker_panels),
     ("Traffic", traffic_panels),
     ("Latency", latency_panels),
     ("Capacity and queue", capacity_panels),
     ("vLLM per GPU (workers' own /metrics)", vllm_panels),
+    ("Models taking turns (sleep mode)", swap_panels),
 )
 
 
