@@ -37,8 +37,9 @@ from gpupool.gateway.errors import BadRequest
 from gpupool.gateway.parse import ReadLimits
 from gpupool.gateway.security.keys import KeysFileError, key_name
 from gpupool.gateway.security.middleware import AuthState
-from gpupool.gateway.services import Services, make_worker
+from gpupool.gateway.services import Services, discovery_hooks, make_worker
 from gpupool.gateway.tenancy.cache import CacheScope
+from gpupool.workers.discovery import Discovery
 
 log = logging.getLogger("gpupool.reload")
 
@@ -221,12 +222,16 @@ async def _workers(svc: Services, new: GpupoolConfig) -> dict[str, list[str]]:
     added = [n for n in fresh if n not in old]
     unchanged = [n for n in fresh if n in old and after[n] == before[n]]
 
-    await asyncio.gather(*(_retire(svc, n) for n in (*removed, *changed)))
+    # discover: entries have no registry worker of their own name: discovery diffs them itself
+    retiring = [n for n in (*removed, *changed) if old[n].discover is None]
+    await asyncio.gather(*(_retire(svc, n) for n in retiring))
     svc.cfg.models = new.models
     svc.cfg.workers = new.workers
     svc.catalog = svc.pipeline.catalog = Catalog(new.models)
     for n in (*changed, *added):
         wc = fresh[n]
+        if wc.discover is not None:
+            continue
         worker = make_worker(wc, new.model(wc.model), svc.cfg.routing.default_capacity)
         svc.registry.add(worker)
         svc.metrics.worker_state(worker.model, worker.name, worker.state.value)
@@ -234,7 +239,18 @@ async def _workers(svc: Services, new: GpupoolConfig) -> dict[str, list[str]]:
             await svc.supervisor.add(wc, new.model(wc.model))
         else:
             await svc.poller.check(worker)
+    await _rediscover(svc, new)
     return {"added": added, "removed": removed, "changed": changed, "unchanged": unchanged}
+
+
+async def _rediscover(svc: Services, new: GpupoolConfig) -> None:
+    """``discover:`` entries: gone or changed ones stop (their workers drain and go), new and
+    changed ones start resolving; unchanged ones keep their workers."""
+    entries = [wc for wc in new.workers if wc.discover is not None]
+    if svc.discovery is None and entries:
+        svc.discovery = Discovery(svc.registry, [], discovery_hooks(svc))
+    if svc.discovery is not None:
+        await svc.discovery.replace(entries)
 
 
 async def _retire(svc: Services, name: str) -> None:

@@ -231,7 +231,7 @@ def build_services(
                                pipeline.slots)  # fmt: skip
     registry.on_change(services.on_worker_change)
     found = [wc for wc in cfg.workers if wc.discover is not None]
-    services.discovery = Discovery(registry, found, _discovery_hooks(services)) if found else None
+    services.discovery = Discovery(registry, found, discovery_hooks(services)) if found else None
     for w in registry:
         metrics.restarts.labels(w.model, w.name)  # exported as 0 from the start
         metrics.worker_state(w.model, w.name, w.state.value)
@@ -239,8 +239,9 @@ def build_services(
     return services
 
 
-def _discovery_hooks(svc: Services) -> DiscoveryHooks:
-    """Discovered workers join and leave as a reload's url: workers do."""
+def discovery_hooks(svc: Services) -> DiscoveryHooks:
+    """Discovered workers join and leave as a reload's url: workers do (reload.py builds a
+    Discovery with these when a reload brings the first `discover:` entry)."""
 
     def make(wc: WorkerConfig) -> Worker:
         return make_worker(wc, svc.cfg.model(wc.model), svc.cfg.routing.default_capacity)

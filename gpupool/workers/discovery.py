@@ -173,8 +173,10 @@ class Discovery:
 
     def workers(self, entry: str) -> list[Worker]:
         """The registry's workers that ``entry`` found (draining ones included)."""
-        wc = self._entries[entry]
-        prefix = f"{entry}@"
+        return self._workers_of(self._entries[entry])
+
+    def _workers_of(self, wc: WorkerConfig) -> list[Worker]:
+        prefix = f"{wc.name}@"
         return [w for w in self.registry.of_model(wc.model) if w.name.startswith(prefix)]
 
     async def refresh(self, entry: str) -> None:
@@ -216,18 +218,22 @@ class Discovery:
             self._draining.pop(worker.name, None)
 
     async def replace(self, entries: Iterable[WorkerConfig]) -> None:
-        """Config reload: entries gone or changed stop (their workers drained and removed),
-        new and changed ones start; unchanged ones keep their loops and workers."""
+        """Config reload: entries gone stop (their workers drain and go); new ones start; a
+        changed one resolves again with its new settings, keeping the workers it still finds
+        unless their own settings (model, capacity, window) changed, when they are replaced."""
         fresh = {wc.name: wc for wc in entries}
-        stale = [n for n, wc in self._entries.items() if fresh.get(n) != wc]
-        for name in stale:
+        for name in [n for n, wc in self._entries.items() if fresh.get(n) != wc]:
             await self._stop_loop(name)
-            retiring = [w for w in self.workers(name) if w.name not in self._draining]
-            spec = self._entries.pop(name).discover
-            assert spec is not None
-            for w in retiring:
-                self._draining[w.name] = asyncio.create_task(self._retire(w, spec.drain_s))
+            old = self._entries.pop(name)
             self._resolvers.pop(name, None)
+            new = fresh.get(name)
+            if new is None or _worker_part(new) != _worker_part(old):
+                assert old.discover is not None
+                for w in self._workers_of(old):
+                    if w.name not in self._draining:
+                        self._draining[w.name] = asyncio.create_task(
+                            self._retire(w, old.discover.drain_s)
+                        )
         for name, wc in fresh.items():
             if name not in self._entries:
                 self._add_entry(wc)
@@ -250,3 +256,8 @@ class Discovery:
         for task in drains:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def _worker_part(wc: WorkerConfig) -> WorkerConfig:
+    """What the entry's workers are made of (all but how they are found)."""
+    return wc.model_copy(update={"discover": None})

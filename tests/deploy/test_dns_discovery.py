@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from tests.deploy.dns import DOMAIN, Dnsmasq, dnsmasq_binary
 from tests.deploy.load import Load, wait_until
@@ -168,3 +169,43 @@ def test_a_missing_name_is_no_workers_and_the_gateway_still_starts(
         time.sleep(EVERY_S * 3)
         assert _states(gw.url) == {}
         assert _failures(gw.url) == 0
+
+
+def test_reload_starts_and_stops_discovery(dns: Dnsmasq, tmp_path: Path) -> None:
+    """A gateway started with one url: worker gets a discover: entry by POST /admin/reload (its
+    workers join), then loses it again (they drain and go); the url: worker is untouched."""
+    name, port = f"pool.{DOMAIN}", free_port()
+    fixed = _worker("127.0.0.1", free_port(), tmp_path)
+    found = _worker("127.0.0.21", port, tmp_path)
+    dns.set_a(name, ["127.0.0.21"])
+    static = {
+        "models": [{"name": MODEL}],
+        "workers": [{"name": "fixed", "model": MODEL, "url": fixed.url}],
+        "routing": {"health_interval_s": HEALTH_S},
+    }
+    gw = gateway(static, tmp_path)
+    config = tmp_path / f"gpupool-{gw.url.rsplit(':', 1)[1]}.yaml"
+    entry = {
+        "name": "pool",
+        "model": MODEL,
+        "discover": {
+            "dns": name,
+            "port": port,
+            "every_s": EVERY_S,
+            "nameservers": [dns.nameserver],
+        },
+    }
+    with running(fixed, found), running(gw, ready_path="/ready"):
+        data = yaml.safe_load(config.read_text())
+        data["workers"].append(entry)
+        config.write_text(yaml.safe_dump(data))
+        r = httpx.post(gw.url + "/admin/reload", timeout=30)
+        assert r.status_code == 200, r.text
+        assert "pool" in r.json()["workers"]["added"]
+        want = {"fixed": "ready", f"pool@127.0.0.21:{port}": "ready"}
+        wait_until(lambda: _states(gw.url) == want, "the discovered worker ready")
+        data["workers"] = data["workers"][:1]
+        config.write_text(yaml.safe_dump(data))
+        r = httpx.post(gw.url + "/admin/reload", timeout=30)
+        assert r.status_code == 200 and "pool" in r.json()["workers"]["removed"], r.text
+        wait_until(lambda: _states(gw.url) == {"fixed": "ready"}, "the discovered worker gone")

@@ -149,3 +149,22 @@ def test_discover_config_needs_a_port_for_a_records_and_is_one_source() -> None:
         WorkerConfig.model_validate(
             {"name": "w", "model": "m", "url": "http://h:1", "discover": {"dns": "x", "port": 1}}
         )
+
+
+async def test_replace_keeps_workers_when_only_the_lookup_changed() -> None:
+    disc, host, script = _setup(_entry("a", "a.test", max_inflight=4))
+    script.answers |= {"a.test": {Target("10.0.0.2", 8000)}, "a2.test": {Target("10.0.0.2", 8000)}}
+    await disc.refresh("a")
+    (kept,) = disc.workers("a")
+    await disc.replace([_entry("a", "a2.test", max_inflight=4)])  # another name, same address
+    await asyncio.sleep(0.05)
+    assert disc.workers("a") == [kept] and host.removed == []
+    await disc.replace([_entry("a", "a2.test", max_inflight=9)])  # the workers' own settings
+    for _ in range(100):
+        if host.removed:
+            break
+        await asyncio.sleep(0.01)
+    assert host.removed == [kept.name]
+    await disc.refresh("a")  # the next lookup brings it back with the new capacity
+    assert [w.capacity for w in disc.workers("a")] == [9]
+    await disc.close()
