@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import anthropic
+import httpx
 import openai
 import pytest
 
@@ -137,3 +138,19 @@ def test_a_response_cut_inside_its_thought_is_all_reasoning_tokens(gw: str) -> N
     assert [i.type for i in whole.output] == [i.type for i in final.output] == ["reasoning"]
     assert whole.usage.output_tokens_details.reasoning_tokens == whole.usage.output_tokens == 6
     assert final.usage.output_tokens_details.reasoning_tokens == 6
+
+
+def test_gateway_errors_on_messages_routes_are_in_anthropics_shape(gw: str) -> None:
+    """As vLLM's Anthropic handler answers (an unknown model), while a body its validator
+    refuses keeps the OpenAI envelope there too."""
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        r = httpx.post(gw + path, json={"model": "nope", "max_tokens": 4, "messages": ASK})
+        assert r.status_code == 404
+        assert r.json() == {"type": "error", "error": {
+            "type": "NotFoundError",
+            "message": "The model `nope` does not exist. Valid aliases: m."}}  # fmt: skip
+    bad = httpx.post(gw + "/v1/messages", json={"model": MODEL, "max_tokens": 4, "messages": 1})
+    assert bad.status_code == 400 and bad.json()["error"]["type"] == "Bad Request"
+    with pytest.raises(anthropic.NotFoundError) as e:
+        claude(gw).messages.create(model="nope", max_tokens=4, messages=ASK)
+    assert "does not exist" in str(e.value)
