@@ -363,3 +363,35 @@ def test_the_front_doors_limits_and_headers_change_too(stack: Stack) -> None:
         model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
     )
     assert r.headers["x-gpupool-worker"] == "w"
+
+
+def test_a_revoked_keys_visibly_queued_stream_ends_with_an_error_event(stack: Stack) -> None:
+    """A stream queued with `x-gpupool-queue-events` has its 200 already: refused in-stream."""
+
+    async def scenario() -> bytes:
+        bob = stack.aclient(BOB)
+        holder = asyncio.create_task(bob.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hold"}], max_tokens=2,
+            **_hold(3000)))  # fmt: skip
+        await _auntil(lambda: stack.inflight() == 1)
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "q"}], "stream": True}
+        h = {"authorization": f"Bearer {ALICE}", "x-gpupool-queue-events": "true"}
+        url = stack.url + "/v1/chat/completions"
+        async with (
+            httpx.AsyncClient(timeout=30) as client,
+            client.stream("POST", url, json=body, headers=h) as r,
+        ):
+            assert r.status_code == 200
+            got = b""
+            async for chunk in r.aiter_raw():
+                got += chunk
+                if got == b": queued\n\n":  # in the queue: revoke its key
+                    await _auntil(lambda: stack.queued() == 1)
+                    stack.keys.write_text(_keys("bob"))
+                    assert (await asyncio.to_thread(stack.reload)).status_code == 200
+        await holder
+        await bob.close()
+        return got
+
+    got = asyncio.run(scenario())
+    assert b'"code":401' in got and b"revoked" in got and got.endswith(b"data: [DONE]\n\n"), got
