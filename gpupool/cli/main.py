@@ -7,6 +7,7 @@ import sys
 import click
 
 from gpupool.config import ConfigError, GpupoolConfig, load_config
+from gpupool.gateway.security.keys import KeysFileError, KeyStore
 
 EPILOG_SERVE = """\b
 Examples:
@@ -29,6 +30,10 @@ def _load(path: str) -> GpupoolConfig:
         cfg = load_config(path)
         problems = [f"workers[{i}].{p}" for i, w in enumerate(cfg.workers) if w.launch
                     for p in check_launch(w.launch)]  # fmt: skip
+        try:
+            KeyStore(cfg.auth)  # the keys file too, its problems named by file and line
+        except KeysFileError as e:
+            problems.append(str(e))
         if problems:
             raise ConfigError(problems)
         return cfg

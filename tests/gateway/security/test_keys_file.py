@@ -4,9 +4,12 @@ and its wait cancelled (no HTTP: ``KeyStore``, ``load_keys_file`` and ``KeyReque
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpupool.config.models import ApiKey, AuthConfig
 from gpupool.gateway.errors import Unauthorized
@@ -89,3 +92,18 @@ async def test_a_client_leaving_is_still_a_cancellation() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert requests.waiting(A) == 0
+
+
+def test_serve_and_check_name_a_broken_keys_files_line(tmp_path: Path) -> None:
+    """A restart with a broken keys file stops with the line named, not a traceback."""
+    keys = tmp_path / "keys.yaml"
+    keys.write_text("keys:\n  - name: a\n    sha256: short\n")
+    cfg = tmp_path / "gpupool.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "models": [{"name": "m"}], "workers": [{"name": "w", "model": "m", "url": "http://x"}],
+        "auth": {"enabled": True, "keys_file": str(keys)}}))  # fmt: skip
+    for command in ("check", "serve"):
+        out = subprocess.run([sys.executable, "-m", "gpupool", command, "--config", str(cfg)],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert out.returncode == 2, out.stderr
+        assert f"{keys}:3: keys[0].sha256" in out.stderr and "Traceback" not in out.stderr
