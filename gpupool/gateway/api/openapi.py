@@ -67,5 +67,21 @@ def openapi_schema() -> dict[str, Any]:
             "/v1/models": _get("Models served by ready workers"),
             "/health": _get("Process alive"),
             "/ready": _get("Every model has a ready worker"),
+            **_stored_responses(),
         },
     }
+
+
+def _stored_responses() -> dict[str, Any]:
+    """A stored response's routes (``pipeline/stored.py``): its tenant only, on its worker."""
+    rid = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+
+    def op(summary: str) -> dict[str, Any]:
+        return {"summary": summary, "parameters": rid, "responses": _responses()}
+
+    return {
+        "/v1/responses/{response_id}": {"get": op("A stored response"),
+                                         "delete": op("Delete a stored response")},
+        "/v1/responses/{response_id}/cancel": {"post": op("Cancel a background response")},
+        "/v1/responses/{response_id}/input_items": {"get": op("A stored response's input")},
+    }  # fmt: skip
