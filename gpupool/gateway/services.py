@@ -20,9 +20,9 @@ from gpupool.gateway.metrics import Metrics
 from gpupool.gateway.pipeline.pipeline import Pipeline
 from gpupool.gateway.routing.policy import Router
 from gpupool.gateway.security.limits import KeyLimits
-from gpupool.gateway.swapping import build_swap, record_asleep
 from gpupool.gateway.security.middleware import Authenticator
 from gpupool.gateway.security.revoke import KeyRequests
+from gpupool.gateway.swapping import build_swap, record_asleep
 from gpupool.gateway.upstream.client import UpstreamClient
 from gpupool.ops.sd_file import sd_file_path, sd_targets, write_sd_targets
 from gpupool.workers.discovery import Discovery, DiscoveryHooks
