@@ -90,6 +90,11 @@ def check_swap(
     findings: list[Finding] = []
     index = {w.name: i for i, w in enumerate(cfg.workers)}
     held = 0
+    for w in cfg.workers:
+        if w.launch is not None and w.launch.gpus is None and w.swap_group is not None:
+            findings.append(warning(f"workers[{index[w.name]}].launch.gpus",
+                "no GPU: vLLM on CPU refuses --enable-sleep-mode (\"Sleep mode is not supported "
+                "on current platform.\"); sleep mode needs CUDA (or ROCm, XPU)"))  # fmt: skip
     for members in _groups(cfg.workers).values():
         sizes = []
         for w in members:

@@ -40,8 +40,10 @@ def spellings(route: str) -> list[str]:
 def raw(url: str, method: str, target: str) -> int:
     parts = urlsplit(url)
     body = b'{"method": "reload_weights"}'
-    head = (f"{method} {target} HTTP/1.1\r\nhost: {parts.netloc}\r\ncontent-type: "
-            f"application/json\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n")  # fmt: skip
+    head = (
+        f"{method} {target} HTTP/1.1\r\nhost: {parts.netloc}\r\ncontent-type: application/json"
+        f"\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    )
     with socket.create_connection((parts.hostname, parts.port), timeout=10) as s:
         s.sendall(head.encode("latin-1") + body)
         reply = b""

@@ -8,6 +8,7 @@ running) and, while it runs, from /admin/workers (never two members of the group
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -96,9 +97,7 @@ def test_mixed_load_switches_without_a_failure(
     _clean(tmp_path)
 
 
-def test_a_stream_in_flight_finishes_before_its_worker_sleeps(
-    stack: Proc, tmp_path: Path
-) -> None:
+def test_a_stream_in_flight_finishes_before_its_worker_sleeps(stack: Proc, tmp_path: Path) -> None:
     client = _client(stack)
     stream = client.completions.create(model="coder", prompt="hi", max_tokens=120, stream=True)
     chunks = iter(stream)
@@ -182,3 +181,32 @@ def test_url_workers_found_awake_are_put_to_sleep_but_one(tmp_path: Path) -> Non
             assert sampler.most_awake == 1
             assert httpx.get(b.url + "/sim/sleep").json()["violations"] == []
             assert httpx.get(a.url + "/sim/sleep").json()["violations"] == []
+
+
+def test_waiting_for_a_switch_is_visible_and_times_out_honestly(tmp_path: Path) -> None:
+    cfg = two_model_config(tmp_path)
+    cfg["workers"][1]["launch"]["args"]["wake-s"] = 2.0  # chat-w takes 2 s to wake
+    with serving(cfg, tmp_path) as gw:
+        wait_states(gw, {"coder-w": "ready", "chat-w": "asleep"})
+        client = _client(gw)
+        with ThreadPoolExecutor(1) as pool:
+            patient = pool.submit(_ask, client, "chat", True)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # the waiting request shows in the queue
+                queue = httpx.get(gw.url + "/admin/queue").json()
+                if queue["models"].get("chat", {}).get("depth"):
+                    break
+                time.sleep(0.02)
+            else:
+                raise AssertionError(f"never queued: {queue}")
+            r = httpx.post(
+                gw.url + "/v1/completions",
+                json={"model": "chat", "prompt": "hi", "max_tokens": 4},
+                headers={"x-gpupool-max-wait": "0.2"}, timeout=30,
+            )  # fmt: skip
+            assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+            assert r.json()["error"]["message"].startswith("No slot for model `chat`")
+            assert patient.result(timeout=60)  # waited through the switch
+        held = httpx.get(gw.url + "/admin/held").json()
+        assert set(held["inflight"].values()) == {0} and set(held["queued"].values()) <= {0}
+    _clean(tmp_path)

@@ -71,7 +71,8 @@ def wait_states(gw: Proc, want: dict[str, str], timeout: float = 60) -> dict[str
         if all(seen[n]["state"] == s for n, s in want.items()):
             return seen
         time.sleep(0.05)
-    raise AssertionError(f"never {want}: {[(n, w['state'], w['last_error']) for n, w in seen.items()]}")
+    states = [(n, w["state"], w["last_error"]) for n, w in seen.items()]
+    raise AssertionError(f"never {want}: {states}")
 
 
 class Sampler:

@@ -100,3 +100,9 @@ def test_check_warns_of_slow_level_2_wakes_and_explains_groups() -> None:
     assert [(f.level, f.path) for f in findings] == [("warning", "workers[0].sleep.level")]
     (note,) = swap_notes(c)
     assert "a, b share GPU 0" in note and "a level 2, b level 1" in note
+
+
+def test_check_warns_of_a_group_member_without_a_gpu() -> None:
+    a = {"name": "a", "model": "x", "swap_group": "g", "launch": {"model_path": "/m"}}
+    (finding,) = check_swap(cfg(a), {}, None)
+    assert finding.path == "workers[0].launch.gpus" and "not supported" in finding.message
