@@ -62,6 +62,7 @@ class Supervisor:
         self._models = {m.name: m for m in models}
         self._runs: dict[str, WorkerRun] = {}
         self._started = False
+        self._gate_of: Callable[[str], Callable[[], Awaitable[None]] | None] | None = None
         for cfg in workers:
             if cfg.launch is not None:
                 self._runs[cfg.name] = self._new_run(cfg)
@@ -69,7 +70,9 @@ class Supervisor:
     def use_launch_gates(
         self, gate_of: Callable[[str], Callable[[], Awaitable[None]] | None]
     ) -> None:
-        """Await ``gate_of(name)()`` before each launch of worker ``name`` (swap groups)."""
+        """Await ``gate_of(name)()`` before each launch of worker ``name`` (swap groups), also
+        for workers added later (a reload)."""
+        self._gate_of = gate_of
         for name in self._runs:
             gate = gate_of(name)
             if gate is not None:
@@ -149,6 +152,9 @@ class Supervisor:
         if cfg.launch is None:
             raise LaunchConfigError([f"workers.{cfg.name}: has no `launch` section"])
         run = self._runs[cfg.name] = self._new_run(cfg)
+        gate = self._gate_of(cfg.name) if self._gate_of is not None else None
+        if gate is not None:
+            self._seams.gates[cfg.name] = gate
         if self._started:
             self._activate(run)
 

@@ -105,8 +105,17 @@ class SwapGroup:
             self._awake_since = time.monotonic()
         return self.holder is member and self._leaving is not member
 
+    def refresh(self) -> None:
+        """Follow the registry's entries: a reload replaces a changed worker's (same name)."""
+        for m in self.members:
+            current = self.seams.registry.get(m.worker.name)
+            if current is not None and current is not m.worker:
+                current.swap_group = self.name
+                m.worker = current
+
     async def before_launch(self, member: Member) -> None:
         """The launch gate: return once ``member`` holds the GPU."""
+        self.refresh()
         while not self.may_run(member):
             member.worker.last_error = f"waiting for its turn on the GPU (swap group {self.name})"
             await asyncio.sleep(_POLL_S * 2)
@@ -175,6 +184,7 @@ class SwapGroup:
         return True
 
     async def _step(self) -> None:
+        self.refresh()
         h, now = self.holder, time.monotonic()
         if h is not None and h.worker.state is not WorkerState.ready:
             if h.worker.state in (WorkerState.failed, WorkerState.stopped):

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import yaml
 
 from tests.conftest import RedisServer
 from tests.gateway.swap.tools import (
@@ -209,4 +210,27 @@ def test_waiting_for_a_switch_is_visible_and_times_out_honestly(tmp_path: Path) 
             assert patient.result(timeout=60)  # waited through the switch
         held = httpx.get(gw.url + "/admin/held").json()
         assert set(held["inflight"].values()) == {0} and set(held["queued"].values()) <= {0}
+    _clean(tmp_path)
+
+
+def test_a_reload_that_changes_both_members_keeps_them_taking_turns(tmp_path: Path) -> None:
+    cfg = two_model_config(tmp_path)
+    with serving(cfg, tmp_path) as gw:
+        wait_states(gw, {"coder-w": "ready", "chat-w": "asleep"})
+        for w in cfg["workers"]:
+            w["launch"]["args"]["itl-ms"] = 5  # a changed worker is replaced
+        path = next(tmp_path.glob("gpupool-*.yaml"))
+        served = yaml.safe_load(path.read_text())
+        served["workers"] = cfg["workers"]
+        path.write_text(yaml.safe_dump(served))
+        with Sampler(gw) as sampler:
+            r = httpx.post(gw.url + "/admin/reload", timeout=120)
+            assert r.status_code == 200, r.text
+            assert sorted(r.json()["workers"]["changed"]) == ["chat-w", "coder-w"]
+            assert _ask(_client(gw), "chat", False)
+            assert _ask(_client(gw), "coder", True)
+        assert sampler.most_awake == 1
+        seen = workers(gw)
+        assert {w["swap_group"] for w in seen.values()} == {"gpu0"}
+        assert sorted(w["state"] for w in seen.values()) == ["asleep", "ready"]
     _clean(tmp_path)
