@@ -1,4 +1,5 @@
-"""Load ``gpupool.yaml`` into :class:`GpupoolConfig`, with errors that name the field path."""
+"""Load ``gpupool.yaml`` into :class:`GpupoolConfig`, with errors that name the field path and,
+for a file, its line (``gpupool.yaml:12: queue.max_wait_s: ...``)."""
 
 from __future__ import annotations
 
@@ -29,13 +30,40 @@ def _path(loc: tuple[int | str, ...]) -> str:
     return out
 
 
-def _problems(err: ValidationError) -> list[str]:
+def _problems(err: ValidationError, path: str | Path | None = None, root: Any = None) -> list[str]:
     problems = []
     for e in err.errors():
-        where = _path(tuple(e["loc"]))
+        loc = tuple(e["loc"])
+        where = _path(loc)
         msg = e["msg"].removeprefix("Value error, ")
-        problems.append(f"{where}: {msg}" if where else msg)
+        problem = f"{where}: {msg}" if where else msg
+        if path is not None:
+            at = f":{line_of(root, loc)}" if loc and root is not None else ""
+            problem = f"{path}{at}: {problem}"
+        problems.append(problem)
     return problems
+
+
+def line_of(root: Any, loc: tuple[Any, ...]) -> int:
+    """The 1-based line of the YAML node at ``loc`` under ``root`` (``yaml.compose``'s), or of
+    the deepest node on the way that exists (a missing field: its parent)."""
+    node = root
+    for part in loc:
+        child = _child(node, part)
+        if child is None:
+            break
+        node = child
+    return int(node.start_mark.line) + 1 if node is not None else 1
+
+
+def _child(node: Any, part: Any) -> Any:
+    if isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+        return node.value[part] if 0 <= part < len(node.value) else None
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            if k.value == part:
+                return v
+    return None
 
 
 def parse_config(data: Any) -> GpupoolConfig:
@@ -56,4 +84,9 @@ def load_config(path: str | Path) -> GpupoolConfig:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError([f"{path}: not valid YAML: {e}"]) from None
-    return parse_config(data)
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path}: the configuration must be a mapping"])
+    try:
+        return GpupoolConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_problems(e, path, yaml.compose(text, Loader=yaml.SafeLoader))) from None

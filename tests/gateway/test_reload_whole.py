@@ -208,7 +208,8 @@ def test_an_invalid_config_changes_nothing_and_says_where(stack: Stack) -> None:
     stack.edit(queue={"max_wait_s": -1}, auth={"keys_file": None})
     r = stack.reload()
     assert r.status_code == 400
-    assert "queue.max_wait_s" in r.json()["error"]["message"]
+    line = stack.config.read_text().splitlines().index("  max_wait_s: -1") + 1
+    assert f"{stack.config}:{line}: queue.max_wait_s" in r.json()["error"]["message"], r.text
     assert _chat(stack.client(ALICE))  # the keys file was not dropped
 
 

@@ -16,11 +16,11 @@ import hashlib
 import hmac
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
+from gpupool.config.load import line_of
 from gpupool.config.models import ApiKey, AuthConfig
 
 
@@ -61,34 +61,13 @@ def load_keys_file(path: str) -> list[ApiKey]:
     except ValidationError as e:
         first = e.errors()[0]
         loc = tuple(first["loc"])
-        line = _line_of(root, loc, keyed=isinstance(data, dict))
+        if isinstance(data, dict) and isinstance(root, yaml.MappingNode):
+            root = next((v for k, v in root.value if k.value == "keys"), root)
+        line = line_of(root, loc)
         where = "keys" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc)
         raise KeysFileError(
             f"{path}:{line}: {where}: {first['msg']} ({e.error_count()} problem(s) in all)"
         ) from None
-
-
-def _line_of(root: Any, loc: tuple[Any, ...], keyed: bool) -> int:
-    """The 1-based line of the YAML node at ``loc`` (the deepest one that exists)."""
-    node = root
-    if keyed and isinstance(node, yaml.MappingNode):
-        node = _child(node, "keys") or node
-    for part in loc:
-        child = _child(node, part)
-        if child is None:
-            break
-        node = child
-    return int(node.start_mark.line) + 1 if node is not None else 1
-
-
-def _child(node: Any, part: Any) -> Any:
-    if isinstance(node, yaml.SequenceNode) and isinstance(part, int):
-        return node.value[part] if 0 <= part < len(node.value) else None
-    if isinstance(node, yaml.MappingNode):
-        for k, v in node.value:
-            if k.value == part:
-                return v
-    return None
 
 
 def all_keys(cfg: AuthConfig) -> list[ApiKey]:
