@@ -64,6 +64,7 @@ _NOT_CONTENT = frozenset(
 )  # fmt: skip
 _ARGUMENT_BLOCKS = frozenset({"tool_use", "server_tool_use", "mcp_tool_use", "function_call"})
 
+_KIND_KEYS = frozenset(KIND_BY_PART_TYPE)
 _SOURCE_KEYS = frozenset(
     {"image_url", "video_url", "audio_url", "input_audio", "image_embeds", "video_embeds",
      "audio_embeds", "file_url", "file_data", "source"}
@@ -110,7 +111,23 @@ def may_hold_media(raw: bytes) -> bool:
     )
 
 
-def iter_nodes(body: object) -> Iterator[tuple[str, dict[str, Any]]]:
+Loc = tuple[Any, str | int] | None  # (parent's Loc, key or index): a path, built on demand
+_CONTAINERS = (dict, list)
+
+
+def where(loc: Loc) -> str:
+    """``messages[0].content[1]`` for a node's :data:`Loc`."""
+    keys: list[str | int] = []
+    while loc is not None:
+        loc, key = loc
+        keys.append(key)
+    out = ""
+    for key in reversed(keys):
+        out += f"[{key}]" if isinstance(key, int) else (f".{key}" if out else key)
+    return out
+
+
+def iter_nodes(body: object) -> Iterator[tuple[Loc, dict[str, Any]]]:
     """(location, object) for every JSON object of a body's content, at any depth, in order.
 
     Every route's content goes through here, whatever nests it: chat and Anthropic
@@ -118,37 +135,63 @@ def iter_nodes(body: object) -> Iterator[tuple[str, dict[str, Any]]]:
     ``system`` blocks, Responses ``input`` (items, their ``content``, a
     ``function_call_output``'s ``output``), embedding, score and rerank inputs. Only the
     fields that never reach a worker's media loader are left out (``_NOT_CONTENT``: tool and
-    output definitions, settings; the arguments of a model's own tool call).
+    output definitions, settings; the arguments of a model's own tool call). A location is a
+    chain of tuples (:func:`where` spells it): no string is made for a node that passes.
     """
     if not isinstance(body, dict):
         return
-    stack: list[tuple[str, object]] = [
-        (k, v) for k, v in reversed(body.items())
-        if k not in _NOT_CONTENT and isinstance(v, dict | list)
+    stack: list[tuple[Loc, object]] = [
+        ((None, k), v) for k, v in reversed(body.items())
+        if k not in _NOT_CONTENT and isinstance(v, _CONTAINERS)
     ]  # fmt: skip
+    pop, push = stack.pop, stack.extend
     while stack:
-        where, node = stack.pop()
-        children: list[tuple[str, object]]
+        loc, node = pop()
         if isinstance(node, dict):
-            yield where, node
+            yield loc, node
             kind = node.get("type")
-            tool = isinstance(kind, str) and kind in _ARGUMENT_BLOCKS
-            children = [
-                (f"{where}.{k}", v) for k, v in node.items()
-                if isinstance(v, dict | list) and not (tool and k == "input")
-            ]  # fmt: skip
-        else:
-            assert isinstance(node, list)
-            children = [(f"{where}[{i}]", v) for i, v in enumerate(node)
-                        if isinstance(v, dict | list)]  # fmt: skip
-        stack.extend(reversed(children))
+            if isinstance(kind, str) and kind in _ARGUMENT_BLOCKS:
+                push(reversed([((loc, k), v) for k, v in node.items()
+                               if k != "input" and isinstance(v, _CONTAINERS)]))  # fmt: skip
+            else:
+                push(reversed([((loc, k), v) for k, v in node.items()
+                               if isinstance(v, _CONTAINERS)]))  # fmt: skip
+        elif isinstance(node, list):
+            push(reversed([((loc, i), v) for i, v in enumerate(node)
+                           if isinstance(v, _CONTAINERS)]))  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Scan:
+    """A body's media, from one walk: its parts counted, and every source to check."""
+
+    counts: MediaCounts
+    sources: list[MediaSource]
+
+    def remote_urls(self) -> list[str]:
+        """http(s) media URLs, in order, without duplicates."""
+        urls = (s.value for s in self.sources if s.is_url)
+        return list(dict.fromkeys(u for u in urls if _scheme(u) in ("http", "https")))
+
+
+def scan(body: object) -> Scan:
+    """Count a body's media parts and collect its sources in one walk (:func:`iter_nodes`)."""
+    counts = dict.fromkeys(MODALITIES, 0)
+    sources = list(_listed_images(body))
+    for loc, node in iter_nodes(body):
+        kind = part_kind(node)
+        if kind is not None:
+            counts[kind] += 1
+        if not _SOURCE_KEYS.isdisjoint(node):
+            sources.extend(_part_sources(where(loc), node))
+    return Scan(MediaCounts(**counts), sources)
 
 
 def iter_parts(body: object) -> Iterator[tuple[str, dict[str, Any]]]:
     """(location, part) for every media part of a body, at any depth (:func:`iter_nodes`)."""
-    for where, node in iter_nodes(body):
+    for loc, node in iter_nodes(body):
         if part_kind(node) is not None:
-            yield where, node
+            yield where(loc), node
 
 
 def part_kind(part: Mapping[str, Any]) -> str | None:
@@ -159,7 +202,7 @@ def part_kind(part: Mapping[str, Any]) -> str | None:
     part_type = part.get("type")
     if isinstance(part_type, str):
         return KIND_BY_PART_TYPE.get(part_type)
-    if part_type is None:
+    if part_type is None and not _KIND_KEYS.isdisjoint(part):
         for key, kind in KIND_BY_PART_TYPE.items():
             if part.get(key) is not None:
                 return kind
@@ -167,12 +210,7 @@ def part_kind(part: Mapping[str, Any]) -> str | None:
 
 
 def count_media(body: object) -> MediaCounts:
-    counts = dict.fromkeys(MODALITIES, 0)
-    for _, part in iter_parts(body):
-        kind = part_kind(part)
-        if kind is not None:
-            counts[kind] += 1
-    return MediaCounts(**counts)
+    return scan(body).counts
 
 
 def check_limits(counts: MediaCounts, limits: MediaLimits | None) -> None:
@@ -189,15 +227,16 @@ def check_limits(counts: MediaCounts, limits: MediaLimits | None) -> None:
 
 def iter_sources(body: object) -> Iterator[MediaSource]:
     """Every URL or base64 payload a worker may load, wherever it nests."""
-    if isinstance(body, dict):  # Cohere's /v2/embed: `images`, a list of URLs or data URIs
-        images = body.get("images")
-        if isinstance(images, list):
-            for i, url in enumerate(images):
-                if isinstance(url, str):
-                    yield MediaSource(f"images[{i}]", url, True)
-    for where, node in iter_nodes(body):
-        if not _SOURCE_KEYS.isdisjoint(node):
-            yield from _part_sources(where, node)
+    yield from scan(body).sources
+
+
+def _listed_images(body: object) -> Iterator[MediaSource]:
+    """Cohere's /v2/embed: ``images``, a list of URLs or data URIs."""
+    images = body.get("images") if isinstance(body, dict) else None
+    if isinstance(images, list):
+        for i, url in enumerate(images):
+            if isinstance(url, str):
+                yield MediaSource(f"images[{i}]", url, True)
 
 
 def _part_sources(where: str, part: Mapping[str, Any]) -> Iterator[MediaSource]:
@@ -242,8 +281,8 @@ def _embeds(where: str, value: object) -> Iterator[MediaSource]:
 # ---- policy --------------------------------------------------------------------------------
 
 
-def check_media_policy(body: object, model_cfg: ModelConfig) -> None:
-    for source in iter_sources(body):
+def check_media_policy(body: object | Scan, model_cfg: ModelConfig) -> None:
+    for source in (body if isinstance(body, Scan) else scan(body)).sources:
         if not source.is_url:
             _check_base64(source.where, source.value, model_cfg.max_media_bytes)
         else:
@@ -252,8 +291,7 @@ def check_media_policy(body: object, model_cfg: ModelConfig) -> None:
 
 def extract_remote_urls(body: object) -> list[str]:
     """http(s) media URLs in the request, in order, without duplicates."""
-    urls = (s.value for s in iter_sources(body) if s.is_url)
-    return list(dict.fromkeys(u for u in urls if _scheme(u) in ("http", "https")))
+    return scan(body).remote_urls()
 
 
 def _check_url(source: MediaSource, cfg: ModelConfig) -> None:

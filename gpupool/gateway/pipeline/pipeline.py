@@ -258,14 +258,15 @@ class Pipeline:
     # ---- media -----------------------------------------------------------------------------
 
     async def _check_media(self, req: Parsed, model: ModelConfig) -> multimodal.MediaCounts:
-        """Media counts, after every media check (a body ``_may_hold_media``)."""
-        counts = multimodal.count_media(req.body)
-        multimodal.check_limits(counts, model.limits or self._worker_limits(model))
-        multimodal.check_media_policy(req.body, model)
-        urls = multimodal.extract_remote_urls(req.body)
+        """Media counts, after every media check (a body ``_may_hold_media``): one walk of the
+        body finds every part and source, at any depth (``multimodal.scan``)."""
+        found = multimodal.scan(req.body)
+        multimodal.check_limits(found.counts, model.limits or self._worker_limits(model))
+        multimodal.check_media_policy(found, model)
+        urls = found.remote_urls()
         if urls:
             await multimodal.check_remote_hosts(urls)
-        return counts
+        return found.counts
 
     def _worker_limits(self, model: ModelConfig) -> MediaLimits:
         """Without model limits: the most any of the model's workers admits (its launch flags)."""
