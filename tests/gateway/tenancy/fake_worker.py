@@ -54,11 +54,24 @@ class FakeWorker:
             self.seen.append(
                 Seen(method, path, scope["query_string"].decode(), headers, body, time.monotonic())
             )
+        if method == "GET" and b"stream=true" in scope["query_string"]:
+            await self._events(send, path.rsplit("/", 1)[-1])
+            return
         status, out = self._answer(method, path, body)
         data = json.dumps(out).encode()
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json")]})  # fmt: skip
         await send({"type": "http.response.body", "body": data})
+
+    async def _events(self, send: Any, rid: str) -> None:
+        """A stored response's events, as vLLM replays a background one (``?stream=true``)."""
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})  # fmt: skip
+        for n, kind in enumerate(("response.created", "response.completed")):
+            event = {"type": kind, "sequence_number": n, "response": self.responses[rid]}
+            data = b"event: %b\ndata: %b\n\n" % (kind.encode(), json.dumps(event).encode())
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
 
     def _answer(self, method: str, path: str, body: dict[str, Any]) -> tuple[int, Any]:
         if path == "/v1/models":

@@ -240,6 +240,22 @@ def test_follow_ups_and_reads_of_a_stored_response_go_to_its_worker(pool: Pool) 
     assert len(pool.seen()) == before
 
 
+def test_a_stored_response_streams_from_its_worker(pool: Pool) -> None:
+    """`GET /v1/responses/{id}?stream=true` (polling a background response by its events)
+    is relayed from the worker that stored it, event by event."""
+    raw = _client(pool, A1).responses.with_raw_response.create(model=MODEL, input="x")
+    home, made = raw.headers["x-gpupool-worker"], raw.parse()
+    url = f"{pool.gw}/v1/responses/{made.id}?stream=true&starting_after=0"
+    with httpx.stream("GET", url, headers=_k(A1), timeout=30) as r:
+        assert r.status_code == 200 and r.headers["x-gpupool-worker"] == home
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [e for e in r.read().split(b"\n\n") if e]
+    assert [e.split(b"\n")[0] for e in events] == [b"event: response.created",
+                                                   b"event: response.completed"]  # fmt: skip
+    with httpx.stream("GET", url, headers=_k(B), timeout=30) as r:
+        assert r.status_code == 404
+
+
 def test_another_tenant_never_reaches_a_stored_response(pool: Pool) -> None:
     made = _client(pool, A1).responses.create(model=MODEL, input="secret")
     b = _client(pool, B)
