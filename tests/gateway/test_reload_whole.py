@@ -38,8 +38,8 @@ def _sha(secret: str) -> str:
 
 def _keys(*names: str) -> str:
     secrets = {"alice": ALICE, "bob": BOB}
-    return yaml.safe_dump({"keys": [{"name": n, "sha256": _sha(secrets[n]), "tenant": n}
-                                    for n in names]})  # fmt: skip
+    return yaml.safe_dump({"keys": [{"name": n, "sha256": _sha(secrets[n]), "tenant": n,
+                                     "max_concurrent": 8} for n in names]})  # fmt: skip
 
 
 @dataclass
@@ -262,6 +262,9 @@ def test_a_revoked_keys_running_stream_finishes_or_is_cut(tmp_path: Path, policy
                         stack.keys.write_text(_keys("bob"))
                         r = await asyncio.to_thread(stack.reload)
                         assert r.status_code == 200
+                        held = await asyncio.to_thread(stack.get, "/admin/held")
+                        if policy == "finish":  # still shown while it runs
+                            assert held["key_slots"].get("alice") == 1, held
             except openai.APIError as e:
                 return e
             finally:

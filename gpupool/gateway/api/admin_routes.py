@@ -183,7 +183,8 @@ async def held(request: Request) -> ASGIApp:
     _query(request, {})
     svc = services(request)
     snap = await svc.admission.snapshot()
-    names = [key_name(k) for k in svc.auth.store.keys.values()]  # the keys file's too
+    # the keys file's too, and removed keys whose running requests still hold slots here
+    names = sorted({key_name(k) for k in svc.auth.store.keys.values()} | svc.key_limits.holders())
     keys = {name: await svc.key_limits.in_use(name) for name in names}
     return ReplyResponse(
         Reply.json(

@@ -81,6 +81,10 @@ class MemoryLimits:
             key.tokens[extra] = _Entry(now, used - charge)
             key.token_sum += used - charge
 
+    def holders(self) -> set[str]:
+        """The key names with a request holding a slot here now."""
+        return {name for name, key in self._keys.items() if key.holds}
+
     async def usage(self, name: str) -> Usage:
         key = self._keys.get(name)
         if key is None:

@@ -160,6 +160,11 @@ class KeyLimits:
             shared.requests + local.requests,
         )
 
+    def holders(self) -> set[str]:
+        """The key names this replica's requests hold slots of now: with those of keys a
+        reload removed, whose running requests still finish."""
+        return self._memory.holders() | set(self._held.values())
+
     async def in_use(self, name: str) -> int:
         """Requests of key ``name`` holding a concurrency slot now, across replicas."""
         return (await self.usage(name)).in_use
