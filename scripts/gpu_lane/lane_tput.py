@@ -35,10 +35,13 @@ async def _window(
             placed[str(r.get("worker"))] = placed.get(str(r.get("worker")), 0) + 1
 
     tasks = [asyncio.create_task(client(k)) for k in range(clients)]
+    samples: list[dict[str, Any]] = []
     try:
         await asyncio.sleep(warm_s)
         m0, t0 = sum([_generated(await metrics(ctx.client, u)) for u in direct]), time.monotonic()
+        sampler = asyncio.create_task(_sample(ctx, samples))
         await asyncio.sleep(window_s)
+        sampler.cancel()
         m1, t1 = sum([_generated(await metrics(ctx.client, u)) for u in direct]), time.monotonic()
     finally:
         for t in tasks:
@@ -46,7 +49,41 @@ async def _window(
         await asyncio.gather(*tasks, return_exceptions=True)
     await asyncio.sleep(2)  # vLLM aborts the cancelled requests
     ctx.lane.say(f"window: {m1 - m0:.0f} tokens in {t1 - t0:.1f} s")
-    return {"tok_s": round((m1 - m0) / (t1 - t0), 1), "tokens": m1 - m0, "placed": placed}
+    return {"tok_s": round((m1 - m0) / (t1 - t0), 1), "tokens": m1 - m0, "placed": placed,
+            "per_worker": _per_worker(samples)}  # fmt: skip
+
+
+async def _sample(ctx: Ctx, samples: list[dict[str, Any]]) -> None:
+    """Once a second until cancelled: per worker the gateway's slots held (its own requests in
+    flight) and vLLM's running and waiting counts, to say where throughput went."""
+    names = ctx.by_window()
+    while True:
+        row: dict[str, Any] = {}
+        try:
+            r = await ctx.client.get(ctx.gateway().url + "/admin/workers", timeout=5)
+            held = {w["name"]: w["inflight"] for w in r.json()["data"]}
+        except Exception:  # a figure is a nicety; the window's tokens are the point
+            held = {}
+        for w in names:
+            m = await metrics(ctx.client, ctx.direct_url(w))
+            row[w] = (held.get(w), m.get("vllm:num_requests_running"),
+                      m.get("vllm:num_requests_waiting"))  # fmt: skip
+        samples.append(row)
+        await asyncio.sleep(1)
+
+
+def _per_worker(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each worker's mean gateway slots held, vLLM running and waiting over the samples."""
+    out: dict[str, Any] = {}
+    for w in {name for row in samples for name in row}:
+        rows = [row[w] for row in samples if w in row]
+
+        def mean(i: int, rows: list[Any] = rows) -> float | None:
+            vals = [r[i] for r in rows if r[i] is not None]
+            return round(sum(vals) / len(vals), 1) if vals else None
+
+        out[w] = {"held": mean(0), "running": mean(1), "waiting": mean(2), "samples": len(rows)}
+    return out
 
 
 async def steady(ctx: Ctx, rounds: int = 4, window_s: float = 15) -> dict[str, Any]:
