@@ -243,11 +243,13 @@ class Client:
         return list(self.turns)
 
 
-async def _send(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -> None:
+async def _send(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -> str | None:
+    """Send one request and read its answer; the worker gpupool names (``None`` direct)."""
     async with http.stream("POST", url + "/v1/chat/completions", json=body) as r:
         raw = b"".join([part async for part in r.aiter_raw()])
     if r.status_code != 200:
         raise RuntimeError(f"{url}: {r.status_code} {raw[:300]!r}")
+    return r.headers.get("x-gpupool-worker")
 
 
 async def _loop(http: httpx.AsyncClient, url: str, client: Client) -> None:
@@ -280,8 +282,12 @@ async def counters(http: httpx.AsyncClient, direct: dict[str, str]) -> Counters:
     return Counters(tokens, done, time.monotonic())
 
 
-async def idle(http: httpx.AsyncClient, pool_: Pool, within_s: float = 30) -> None:
-    """Wait until neither worker runs or queues anything and the gateway holds no slot."""
+async def idle(
+    http: httpx.AsyncClient, pool_: Pool, within_s: float = 30, scraped: bool = False
+) -> None:
+    """Wait until neither worker runs or queues anything and the gateway holds no slot;
+    ``scraped``: and the gateway's last scrape of each worker says so too (a scrape taken as a
+    window's clients went away shows their work as outside work until the next one)."""
     deadline = time.monotonic() + within_s
     while True:
         busy = []
@@ -290,7 +296,8 @@ async def idle(http: httpx.AsyncClient, pool_: Pool, within_s: float = 30) -> No
             if stats["running"] or stats["waiting"]:
                 busy.append(name)
         gw = (await http.get(pool_.gateway + "/admin/workers")).json()["data"]
-        if not busy and not any(w["inflight"] for w in gw):
+        seen = scraped and any(w["vllm"]["running"] or w["vllm"]["waiting"] for w in gw)
+        if not busy and not seen and not any(w["inflight"] for w in gw):
             return
         if time.monotonic() > deadline:
             raise TimeoutError(f"still busy after the window: {busy}, gateway {gw}")
@@ -410,12 +417,26 @@ async def reset_caches(http: httpx.AsyncClient, pool_: Pool) -> None:
 @dataclass
 class Burst:
     mode: str
-    done: dict[str, float]
+    done: dict[str, float]  # each worker's completed requests (its own counter)
     seconds: float
+    turns: list[dict[str, int]]  # where each turn went, the openings first
 
     @property
     def spread(self) -> float:
         return max(self.done.values()) - min(self.done.values())
+
+    @property
+    def opening_spread(self) -> int:
+        opening = self.turns[0]
+        return max(opening.values()) - min(opening.values())
+
+    def line(self) -> str:
+        def split(d: dict[str, float] | dict[str, int]) -> str:
+            return "/".join(f"{v:.0f}" for v in d.values())
+
+        per_turn = " ".join(split(t) for t in self.turns)
+        return (f"{self.mode}: requests per worker {split(self.done)} (turn by turn {per_turn})"
+                f" in {self.seconds:.2f} s")  # fmt: skip
 
 
 async def burst(
@@ -423,19 +444,23 @@ async def burst(
     shape: Shape, seed: int = 7,
 ) -> Burst:  # fmt: skip
     """``conversations`` chats of ``turns`` turns each, all opening at one instant on idle
-    workers; each worker's completed requests and the time the last one took."""
-    await idle(http, pool_)
+    workers (as the gateway last saw them, too); each worker's completed requests, where each
+    turn went and the time the last one took."""
+    await idle(http, pool_, scraped=True)
     await reset_caches(http, pool_)
     names = list(pool_.direct)
     go = asyncio.Event()
+    placed = [dict.fromkeys(names, 0) for _ in range(turns)]
 
     async def chat(k: int) -> None:
         client = Client("together", k, seed, shape)
         client.turns_left = turns
-        url = pool_.gateway if mode == "gpupool" else pool_.direct[names[k % len(names)]]
+        pinned = names[k % len(names)]
+        url = pool_.gateway if mode == "gpupool" else pool_.direct[pinned]
         await go.wait()
-        for _ in range(turns):
-            await _send(http, url, client.body())
+        for turn in range(turns):
+            worker = await _send(http, url, client.body()) or pinned
+            placed[turn][worker] += 1
             client.answered()
 
     c0 = await counters(http, pool_.direct)
@@ -446,7 +471,7 @@ async def burst(
     await asyncio.gather(*tasks)
     seconds = time.monotonic() - started
     c1 = await counters(http, pool_.direct)
-    return Burst(mode, {n: c1.done[n] - c0.done[n] for n in names}, seconds)
+    return Burst(mode, {n: c1.done[n] - c0.done[n] for n in names}, seconds, placed)
 
 
 # ---- the whole run -----------------------------------------------------------------------
@@ -515,8 +540,7 @@ async def measure(
             for mode in ("gpupool", "direct") if plan.burst_direct else ("gpupool",):
                 b = await burst(http, pool_, mode, plan.conversations, plan.turns, shape)
                 report.bursts.append(b)
-                split = "/".join(f"{v:.0f}" for v in b.done.values())
-                say(f"together ({when}) {mode}: requests per worker {split} in {b.seconds:.2f} s")
+                say(f"together ({when}) {b.line()}")
 
         await bursts("fresh gateway")
         for j, kind in enumerate(plan.kinds):
