@@ -194,6 +194,21 @@ def test_background_responses_can_be_polled_and_cancelled(stack: dict[str, Any])
     assert a.responses.retrieve(long.id).status == "cancelled"
 
 
+def test_a_background_stream_is_resumed_from_its_worker(stack: dict[str, Any]) -> None:
+    """A streamed background response, left after its first event, is replayed from the start
+    by `GET /v1/responses/{id}?stream=true&starting_after=0` on the worker that runs it."""
+    a = _client(stack["gw"], A1)
+    with a.responses.create(model=MODEL, input="tell me", max_output_tokens=16,
+                            background=True, stream=True) as first:  # fmt: skip
+        created = next(iter(first))
+    rid = created.response.id  # type: ignore[union-attr]
+    with a.responses.retrieve(rid, stream=True, starting_after=0) as again:
+        kinds = [e.type for e in again]
+    assert kinds[-1] in ("response.completed", "response.incomplete"), kinds
+    with pytest.raises(openai.NotFoundError):
+        _client(stack["gw"], B).responses.retrieve(rid, stream=True)
+
+
 def test_a_response_whose_worker_is_gone_is_vllms_404_said_plainly(
     stack: dict[str, Any],
 ) -> None:
