@@ -65,7 +65,40 @@ class ServerConfig(_Strict):
         5.0, gt=0, description="Time to open a connection to a worker."
     )
     upstream_read_timeout_s: float = Field(
-        600.0, gt=0, description="Longest silence from a worker inside one request."
+        600.0,
+        gt=0,
+        description="Idle deadline of a stream: the longest a worker may take to send a "
+        "streamed answer's head, then each next line of it (502, or the stream's error event).",
+    )
+    upstream_total_timeout_s: float = Field(
+        3600.0,
+        gt=0,
+        description="Total deadline of a whole (non-streamed) answer, head and body, from the "
+        "moment the request is sent; a trickle of bytes does not extend it (502 after).",
+    )
+    upstream_max_head_bytes: int = Field(
+        64 * 1024,
+        gt=0,
+        description="Largest response head (status line and headers, interim 1xx heads "
+        "included) a worker may send; beyond it: 502.",
+    )
+    upstream_max_headers: int = Field(
+        100, gt=0, description="Most response headers a worker may send (1xx included); 502."
+    )
+    upstream_max_interim: int = Field(
+        8, ge=0, description="Most interim (1xx) responses before a worker's answer; 502."
+    )
+    upstream_max_body_bytes: int | None = Field(
+        None,
+        gt=0,
+        description="Largest worker answer the gateway buffers whole (non-streamed); beyond "
+        "it: 502. None: 4 x `max_body_bytes`.",
+    )
+    upstream_max_event_bytes: int | None = Field(
+        None,
+        gt=0,
+        description="Largest SSE event (or line) the gateway buffers to reshape or read a "
+        "stream; beyond it: the stream's error event. None: `max_body_bytes`.",
     )
     state_dir: str = Field(
         ".gpupool", description="Directory for worker logs, caches, pid files and SD files."

@@ -10,6 +10,7 @@
     ├── NotFound                     (404, NotFoundError)
     │   └── ModelNotFound            (404, param model)
     ├── RequestTimeout               (408, a body that did not arrive in time)
+    ├── ClientGone                   (499, the client left while its request waited; unseen)
     ├── PayloadTooLarge              (413, RequestEntityTooLarge)
     ├── RateLimited                  (429, RateLimitError, carries Retry-After)
     │   ├── QueueFull
@@ -123,6 +124,13 @@ class PayloadTooLarge(GatewayError):
 class RequestTimeout(GatewayError):
     status = 408
     type = "RequestTimeout"
+
+
+class ClientGone(GatewayError):
+    """The client closed its connection while its request waited for a slot: never sent."""
+
+    status = 499
+    type = "ClientClosedRequest"
 
 
 class RateLimited(GatewayError):

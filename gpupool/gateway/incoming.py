@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpupool.gateway.security.keys import Principal
@@ -29,6 +30,12 @@ class Incoming:
     client_request_id: str = ""  # the client's x-request-id: the reply's and the logs'
     path: str = ""  # a stored response's route: its path (``/v1/responses/{id}…``) and query
     query: bytes = b""
+    gone: Callable[[], bool] | None = None  # whether the client has left (its close unread too)
+
+    def left(self) -> bool:
+        """Whether the client is known to have closed its connection, even if the gateway has
+        not handled the close yet (a queued request is never sent for a client that left)."""
+        return self.gone is not None and self.gone()
 
     def header(self, name: bytes) -> str | None:
         """The first value of header ``name`` (lower case), or None."""

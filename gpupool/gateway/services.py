@@ -24,6 +24,7 @@ from gpupool.gateway.security.middleware import Authenticator
 from gpupool.gateway.security.revoke import KeyRequests
 from gpupool.gateway.swapping import build_swap, record_asleep
 from gpupool.gateway.upstream.client import UpstreamClient
+from gpupool.gateway.upstream.limits import WorkerLimits
 from gpupool.ops.sd_file import sd_file_path, sd_targets, write_sd_targets
 from gpupool.workers.discovery import Discovery, DiscoveryHooks
 from gpupool.workers.gpus import discover_gpus
@@ -199,7 +200,11 @@ def build_services(
         registry.add(make_worker(wc, cfg.model(wc.model), cfg.routing.default_capacity))
     metrics = Metrics()
     server = cfg.server
-    client = UpstreamClient(server.upstream_connect_timeout_s, server.upstream_read_timeout_s)
+    client = UpstreamClient(
+        server.upstream_connect_timeout_s,
+        server.upstream_read_timeout_s,
+        WorkerLimits.of(server),
+    )
     replica = new_replica_id()
     admission = admission or build_admission(cfg.queue, RegistryView(registry), replica)
     catalog = Catalog(cfg.models)

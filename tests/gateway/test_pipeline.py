@@ -82,7 +82,12 @@ class FakePath:
         self.responses: list[FakeResponse] = []
 
     async def open(
-        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str] | bytes
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        headers: Mapping[str, str] | bytes,
+        stream: bool = False,
     ) -> Response:
         self.calls.append((url, body or b""))
         self.heads.append(headers)

@@ -150,6 +150,7 @@ class Front:
             assert lane.kind is not None and lane.task is not None
             incoming = Incoming(ours.decode("latin-1"), lane.headers, lane.principal,
                                 theirs.decode("latin-1"))  # fmt: skip
+            incoming.gone = lane.client_gone
             await self._respond(lane.kind, incoming, lane.raw_body(), lane, lane.task, extra)
         except BaseException as exc:
             lane.failed(exc)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
@@ -141,6 +142,28 @@ class Lane:
     def unwatch(self) -> None:
         self._on_gone = None
 
+    def client_gone(self) -> bool:
+        """Whether the client has closed its end, including a close the event loop has not
+        read yet (a peek at the socket: its EOF is there before ``connection_lost`` runs). A
+        slot freed by one leaving client is granted to the next waiter before the loop reads
+        the next close; asked then, this keeps a request whose client left from being sent."""
+        if self._gone or self.transport.is_closing():
+            return True
+        fd = _fileno(self.transport)
+        if fd is None:
+            return False
+        if fd < 0:
+            return True
+        sock = socket.socket(fileno=fd)  # the same descriptor: detached below, never closed
+        try:
+            return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
+        finally:
+            sock.detach()
+
     def raw_body(self) -> bytes:
         body = self.body
         return body[0] if len(body) == 1 else b"".join(body)
@@ -244,6 +267,14 @@ class Lane:
         if head.count(b"\n") != lines or head.count(b"\r") != lines:
             raise HeaderSplit("a reply header contains a line break")
         return head
+
+
+def _fileno(transport: asyncio.Transport) -> int | None:
+    sock = transport.get_extra_info("socket")
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6, socket.AF_UNIX):
+        return None
+    fd: int = sock.fileno()
+    return fd
 
 
 class _Unwaited:

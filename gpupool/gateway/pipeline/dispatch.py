@@ -6,6 +6,8 @@ errors (:func:`failure_error`): a worker's address or a traceback never reaches 
 
 from __future__ import annotations
 
+import logging
+
 from gpupool.config.models import RoutingConfig
 from gpupool.gateway.errors import (
     GatewayError,
@@ -20,6 +22,8 @@ from gpupool.gateway.pipeline.slots import Slots
 from gpupool.gateway.routing.policy import RouteRequest
 from gpupool.gateway.upstream.client import DataPath, UpstreamFailure
 from gpupool.workers.registry import Registry, Worker
+
+log = logging.getLogger("gpupool.upstream")
 
 # vLLM's 400s for a prompt its window cannot hold (too long; or exactly the window, no room left)
 _CONTEXT_MARKERS = (b"maximum context length", b"decoder prompt", b"must be at least 1, got 0")
@@ -65,7 +69,7 @@ class Dispatcher:
                     raise UpstreamFailure("worker went away", sent=False)
                 url = worker.url + (plan.target or plan.kind.path)
                 resp = await self.client.open(plan.method, url, plan.body or None,
-                                              plan.ctx.headers)  # fmt: skip
+                                              plan.ctx.headers, plan.stream)  # fmt: skip
                 ex.resp = resp
                 if resp.status < 400:
                     await self._answered(ex)
@@ -75,7 +79,7 @@ class Dispatcher:
                 data = await resp.read()
             except UpstreamFailure as e:
                 if e.sent and not (e.died and worker is not None and worker.routable):
-                    self._failed(ex.worker, str(e))
+                    self.broke(ex, e)
                     ex.status = "upstream_error"
                     raise failure_error(e, "while handling the request") from None
                 await self._retry(ex, e.args[0], worker)
@@ -145,6 +149,16 @@ class Dispatcher:
         plan.ticket.candidates = remaining
         plan.ticket.first_wait_s = 0.0  # the failed worker may have been the one to wait for
         ex.lease = await self.slots.take(plan.ticket)
+
+    def broke(self, ex: Exchange, e: UpstreamFailure) -> None:
+        """Count a request's failure against its worker; one past a bound on what a worker
+        may send (``e.limit``) is logged with the worker's name and the bound."""
+        if e.limit is None:
+            self._failed(ex.worker, str(e))
+            return
+        rid = ex.plan.ctx.request_id
+        log.warning("worker %s crossed %s: %s (request %s)", ex.worker, e.limit, e, rid)
+        self._failed(ex.worker, f"{e.limit}: {e}")
 
     def _failed(self, name: str, reason: str) -> None:
         w = self.registry.failed(name, reason, self.routing.fail_threshold)

@@ -35,9 +35,8 @@ if TYPE_CHECKING:
     from gpupool.gateway.upstream.client import Response
     from gpupool.workers.registry import Registry
 
-# vLLM's usage object: numbers, nulls and one level of nested *_details objects
-_USAGE = re.compile(rb'"usage":(\{(?:[^{}]|\{[^{}]*\})*\})')
-# ... and the way vLLM writes it, read without parsing it (the usual case)
+# The way vLLM writes usage, read without parsing the body (the usual case: the same numbers a
+# JSON parser reads, as written compactly); anything else is read by orjson
 _VLLM_USAGE = re.compile(
     rb'"usage":\{"prompt_tokens":(\d+),"total_tokens":\d+,"completion_tokens":(\d+)'
 )
@@ -75,6 +74,7 @@ class Plan:
     target: str = ""  # the worker's path (and query) when not the kind's own
     pinned: bool = False  # only its ticket's worker holds what it needs (a stored response)
     answered: Callable[[str], Awaitable[None]] | None = None  # the worker accepted it (< 400)
+    sequences: int = 1  # sequences it may generate (n x prompts; 0: none, embeddings)
 
 
 class Exchange:
@@ -108,32 +108,44 @@ class Exchange:
 
     def note_usage(self, usage: object) -> None:
         """Tokens from a usage object (OpenAI's or Anthropic/Responses' names); the largest
-        seen wins, so cumulative and final usage chunks both count once."""
+        seen wins, so cumulative and final usage chunks both count once. Only non-negative
+        integers count (a worker is only semi-trusted: see ``note_counts``)."""
         if not isinstance(usage, dict):
             return
         p = usage.get("prompt_tokens", usage.get("input_tokens"))
         c = usage.get("completion_tokens", usage.get("output_tokens"))
-        self.note_counts(p if isinstance(p, int) else 0, c if isinstance(c, int) else 0)
+        self.note_counts(_count(p), _count(c))
 
     def note_body(self, data: bytes) -> None:
-        """Read only the ``usage`` object of a body that passed through untouched."""
+        """Read the ``usage`` object of a body that passed through untouched."""
         start = data.rfind(b'"usage":{')
-        if start < 0:
-            return
-        plain = _VLLM_USAGE.match(data, start)
-        if plain is not None:
+        if start >= 0 and (plain := _VLLM_USAGE.match(data, start)) is not None:
             self.note_counts(int(plain[1]), int(plain[2]))
-            return
-        found = _USAGE.match(data, start)
-        if found is not None:
+        elif b'"usage"' in data:  # written some other way: read as JSON is read
             with contextlib.suppress(orjson.JSONDecodeError):
-                self.note_usage(orjson.loads(found.group(1)))
+                obj = orjson.loads(data)
+                if isinstance(obj, dict):
+                    self.note_usage(obj.get("usage"))
 
     def note_counts(self, prompt: int, completion: int) -> None:
+        """Keep the largest counts seen, each clamped to what the request could produce: a
+        prompt within its worker's window per sequence, a completion within ``max_tokens`` (or
+        the window) per sequence. A worker's usage of 10^30 tokens charges the key no more."""
+        most_prompt, most_completion = self._bounds()
+        prompt = min(prompt, most_prompt)
+        completion = min(completion, most_completion)
         if prompt > self.prompt:
             self.prompt = prompt
         if completion > self.completion:
             self.completion = completion
+
+    def _bounds(self) -> tuple[int, int]:
+        plan = self.plan
+        worker = self._deps.registry.get(self.lease.worker)
+        window = (worker.window if worker is not None else None) or _NO_WINDOW
+        seqs = max(plan.sequences, 1)
+        completion = min(plan.route.max_tokens or window, window) if plan.sequences else 0
+        return window * seqs, completion * seqs
 
     @property
     def tokens(self) -> int | None:
@@ -182,6 +194,14 @@ class Exchange:
             took = 0.0 if plan.tried else elapsed - self.lease.queued_s
             d.router.served(plan.route, worker, took, self.completion)
             d.registry.succeeded(worker)
+
+
+_NO_WINDOW = 1 << 24  # tokens: a worker whose window is unknown (no model's is this large)
+
+
+def _count(v: object) -> int:
+    """A token count as a worker reported it: a non-negative integer, else 0."""
+    return v if type(v) is int and v > 0 else 0
 
 
 @dataclass(slots=True)

@@ -26,9 +26,9 @@ from gpupool.config.models import (
     RevokedStreams,
 )
 from gpupool.gateway import multimodal
-from gpupool.gateway.admission.base import Admission, Ticket
+from gpupool.gateway.admission.base import Admission, Lease, Ticket
 from gpupool.gateway.catalog import Catalog
-from gpupool.gateway.errors import GatewayError
+from gpupool.gateway.errors import ClientGone, GatewayError
 from gpupool.gateway.incoming import Incoming
 from gpupool.gateway.metrics import Metrics
 from gpupool.gateway.parse import Parsed, ReadLimits, owned_prefix_key
@@ -52,6 +52,7 @@ from gpupool.gateway.tokens import exact_count, upper_bound
 from gpupool.gateway.transform.chat import TransformOptions, normalize_request_messages
 from gpupool.gateway.transform.messages import thinking_switch
 from gpupool.gateway.upstream.client import DataPath
+from gpupool.gateway.upstream.limits import WorkerLimits
 from gpupool.workers.registry import Registry
 
 _BYTES_PER_TOKEN = 4  # a prompt's reserved tokens when not counted (the bound is bytes)
@@ -85,8 +86,9 @@ class Pipeline:
             cfg.routing, registry, self.candidates, client, self.slots, metrics
         )
         self.relay = Relay(
-            self.dispatcher, client, registry, metrics, cfg.server.expose_worker_header
-        )
+            self.dispatcher, client, registry, metrics, cfg.server.expose_worker_header,
+            WorkerLimits.of(cfg.server).max_event_bytes,
+        )  # fmt: skip
         self.deps = ExchangeDeps(self.slots, registry, router, metrics)
         self.cache = CacheScope.from_config(cfg.tenancy, cfg.auth)
         self.stored = StoredResponses(self, owners or build_owners(cfg.tenancy, cfg.queue))
@@ -129,6 +131,7 @@ class Pipeline:
             raise
         ex = Exchange(self.deps, plan, lease, hold)
         try:
+            _still_wanted(lease, incoming)
             if not plan.stream:
                 return await self.relay.whole(ex)
             return self._cut_when_revoked(await self.relay.stream(ex), ex, principal)
@@ -170,6 +173,7 @@ class Pipeline:
                         req.stream, decision.first_wait_s)  # fmt: skip
         transform = self._transform(kind, req, model)
         plan = Plan(kind, model, route, body, req.stream, ctx, ticket, transform, strip_usage)
+        plan.sequences = req.sequences if kind.generates else 0  # bounds the usage it may report
         gate = self.dispatcher.gate
         if req.stream and gate.min_tokens and len(req.raw) >= gate.min_tokens:  # >= 1 byte a token
             tokens = (
@@ -343,6 +347,14 @@ def _splice(raw: bytes, fields: dict[str, Any]) -> bytes:
     rest = raw[start:]
     head = orjson.dumps(fields)[1:-1]
     return b"{" + head + (b"," if rest.lstrip()[:1] != b"}" else b"") + rest
+
+
+def _still_wanted(lease: Lease, incoming: Incoming) -> None:
+    """A request that waited for its slot goes only if its client is still there: one client
+    leaving frees the slot the next waiter gets, before the loop has read that waiter's own
+    close (under load, the closes of clients that left together are read one by one)."""
+    if lease.queued_s and incoming.left():
+        raise ClientGone("The client closed the connection while its request waited.")
 
 
 def _has_tpm(incoming: Incoming) -> bool:

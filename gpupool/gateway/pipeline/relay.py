@@ -5,6 +5,11 @@ events are parsed and re-framed), or a usage chunk the gateway asked for on the 
 (dropped again). A stream never ends silently: a worker that dies mid-stream yields vLLM's
 in-stream error event and ``data: [DONE]``. Nothing here releases anything: every reply's
 ``after`` is its exchange's ``aclose``, which the front door runs however the reply ends.
+
+What a worker sends is bounded (``upstream/limits.py``): the connection bounds heads, bodies and
+time; here, an SSE event the gateway must buffer (to reshape a stream, or to read a usage line
+split across reads) is bounded by ``max_event_bytes``. A worker past a bound fails the request
+(502, or the stream's error event), is counted as failed and logged by name (``Dispatcher.broke``).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from gpupool.gateway.transform.responses import (
 from gpupool.gateway.transform.responses import reasoning_texts as responses_reasoning
 from gpupool.gateway.transform.sse import frame, iter_events
 from gpupool.gateway.upstream.client import DataPath, Response, UpstreamFailure
+from gpupool.gateway.upstream.limits import WorkerLimits, over
 from gpupool.workers.registry import Registry
 
 _DONE = b"data: [DONE]\n\n"
@@ -67,12 +73,14 @@ class Relay:
         registry: Registry,
         metrics: Metrics,
         worker_header: bool,
+        max_event_bytes: int = WorkerLimits().max_event_bytes,
     ) -> None:
         self.dispatcher = dispatcher
         self.client = client
         self.registry = registry
         self.metrics = metrics
         self.worker_header = worker_header
+        self.max_event_bytes = max_event_bytes
 
     def _headers(self, resp: Response, ex: Exchange) -> list[tuple[str, str]]:
         if self.worker_header:
@@ -112,7 +120,13 @@ class Relay:
                 data = await resp.read()
         except UpstreamFailure as e:
             ex.status = "upstream_error"
+            self._broke(ex, e)
             raise failure_error(e, "before answering") from None
+        if resp.status == 200 and not _same_model(data, ex.plan.model.name):
+            ex.status = "upstream_error"
+            other = over("model", "worker answered for another model")
+            self._broke(ex, other)
+            raise failure_error(other, "before answering")
         ex.status = str(resp.status)
         if resp.status == 200 and ex.plan.transform is not None:
             data = await self._finish_body(ex, data)
@@ -235,7 +249,7 @@ class Relay:
         reshape = plan.transform is not None or plan.strip_usage
         transformer = ChatStreamTransformer(plan.transform) if plan.transform else None
         buf = bytearray()
-        last, tail = 0.0, b""
+        last, tail, line = 0.0, b"", b""
         try:
             async for chunk in resp.iter_raw():
                 now = time.monotonic()
@@ -245,8 +259,7 @@ class Relay:
                     ttft.observe(now - plan.started)
                     ex.prefilled()  # once a stream: its prefill is over
                 last = now
-                if b'"usage"' in chunk:
-                    self._stream_usage(ex, chunk)
+                line = self._stream_usage(ex, line, chunk)
                 if reshape:
                     chunk = await self._reframe(ex, transformer, buf, chunk)
                 tail = (tail + chunk)[-16:]
@@ -259,6 +272,7 @@ class Relay:
                 yield stream_error(ex, UpstreamError("The worker ended the stream early."))
         except UpstreamFailure as e:
             ex.status = "upstream_error"
+            self._broke(ex, e)
             yield stream_error(ex, failure_error(e, "mid-stream"))
 
     async def _reframe(
@@ -286,7 +300,19 @@ class Relay:
                         texts = t.reasoning_texts()
                         await self._add_reasoning_tokens(o, texts, ex, t.all_reasoning)
                     out += self._frame(ex, o)
+        if len(buf) > self.max_event_bytes:
+            raise self._over_event()
         return bytes(out)
+
+    def _broke(self, ex: Exchange, e: UpstreamFailure) -> None:
+        """After the head, only a crossed bound counts as the worker's failure: a client that
+        leaves closes the response too."""
+        if e.limit is not None:
+            self.dispatcher.broke(ex, e)
+
+    def _over_event(self) -> UpstreamFailure:
+        cap = self.max_event_bytes
+        return over("upstream_max_event_bytes", f"worker sent an SSE event over {cap} bytes")
 
     async def _responses_events(self, ex: Exchange, opts: TransformOptions) -> AsyncIterator[bytes]:
         """A Responses or Messages event stream (``event:``/``data:`` blocks) the gateway
@@ -299,18 +325,20 @@ class Relay:
             else MessagesStreamTransformer(opts)
         )
         buf = bytearray()
+        line = b""
         try:
             async for chunk in resp.iter_raw():
                 if ex.turn is not None:
                     ex.prefilled()  # the first chunk: its prefill is over
-                if b'"usage"' in chunk:
-                    self._stream_usage(ex, chunk)
+                line = self._stream_usage(ex, line, chunk)
                 buf += chunk
                 out = bytearray()
                 while (end := buf.find(b"\n\n")) >= 0:
                     block = bytes(buf[:end])
                     del buf[: end + 2]
                     out += await self._event_block(ex, t, block)
+                if len(buf) > self.max_event_bytes:
+                    raise self._over_event()
                 if out:
                     yield bytes(out)
             tail = b"".join(_event(e, o) for e, o in t.finish())
@@ -319,6 +347,7 @@ class Relay:
             ex.status = "200"
         except UpstreamFailure as e:
             ex.status = "upstream_error"
+            self._broke(ex, e)
             yield stream_error(ex, failure_error(e, "mid-stream"))
 
     async def _event_block(self, ex: Exchange, t: EventTransformer, block: bytes) -> bytes:
@@ -343,11 +372,22 @@ class Relay:
             return b""  # the usage chunk the gateway asked for; the client did not
         return frame(obj)
 
-    def _stream_usage(self, ex: Exchange, chunk: bytes) -> None:
-        for line in chunk.split(b"\n"):
-            if line.startswith(b"data: {") and b'"usage"' in line:
-                with contextlib.suppress(orjson.JSONDecodeError, AttributeError):
-                    ex.note_usage(_usage_of(orjson.loads(line[6:])))
+    def _stream_usage(self, ex: Exchange, partial: bytes, chunk: bytes) -> bytes:
+        """Read the usage of every ``data:`` line that ends in ``chunk`` (``partial``: the
+        unended line of the chunks before); returns the line ``chunk`` leaves unended, kept
+        only while it may hold a usage and is within ``max_event_bytes``."""
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            partial += chunk
+            return partial if len(partial) <= self.max_event_bytes else b""
+        text = partial + chunk[:end] if partial else chunk  # (its unended line fails to parse)
+        rest = chunk[end + 1 :]
+        if b'"usage"' in text:
+            for line in text.split(b"\n"):
+                if line.startswith(b"data:") and b'"usage"' in line:
+                    with contextlib.suppress(orjson.JSONDecodeError, AttributeError):
+                        ex.note_usage(_usage_of(orjson.loads(line[5:])))
+        return rest if len(rest) <= self.max_event_bytes else b""
 
 
 def stream_error(ex: Exchange, e: GatewayError) -> bytes:
@@ -382,6 +422,19 @@ def _read_block(block: bytes) -> tuple[str, dict[str, Any]] | None:
     except orjson.JSONDecodeError:
         return None
     return (event_type, obj) if isinstance(obj, dict) else None
+
+
+def _same_model(data: bytes, name: str) -> bool:
+    """Whether a whole answer names no model, or ``name`` (the one the gateway sent): read
+    without parsing when written as vLLM writes it, else by orjson."""
+    if b'"model":"' + name.encode() + b'"' in data or b'"model"' not in data:
+        return True
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return True  # not JSON: nothing names a model
+    got = obj.get("model") if isinstance(obj, dict) else None
+    return not isinstance(got, str) or got == name
 
 
 def _usage_of(obj: dict[str, Any]) -> object:
