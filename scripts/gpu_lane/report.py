@@ -52,6 +52,9 @@ def _git(*args: str) -> str | None:
 
 def tree_identity(package_dir: Path | None = None) -> dict[str, Any]:
     """What gpupool this process would run: its files' fingerprint, and (with git) the commit."""
+    here = Path.cwd() / PACKAGE
+    if package_dir is None and (here / "__init__.py").is_file():
+        package_dir = here  # `python -m gpupool` (the lane's serve) imports from the cwd first
     if package_dir is None:
         spec = importlib.util.find_spec(PACKAGE)
         locations = list(spec.submodule_search_locations or []) if spec else []
