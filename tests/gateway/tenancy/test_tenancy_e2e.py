@@ -323,8 +323,14 @@ def test_a_reload_that_adds_a_tenant_isolates_caches(tmp_path: Path) -> None:
     w = FakeWorker(MODEL)
     one = {**_auth(), "keys": _auth()["keys"][:2]}  # team-a only
     with w.running():
-        g = gateway({"models": [{"name": MODEL}], "auth": one,
-                     "workers": [{"name": "w1", "model": MODEL, "url": w.url}]}, tmp_path)
+        g = gateway(
+            {
+                "models": [{"name": MODEL}],
+                "auth": one,
+                "workers": [{"name": "w1", "model": MODEL, "url": w.url}],
+            },
+            tmp_path,
+        )
         path = Path(g.argv[g.argv.index("--config") + 1])
         with running(g):
             wait_ready(g.url)
