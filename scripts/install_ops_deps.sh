@@ -2,18 +2,21 @@
 # Install the Debian packages that tests and benchmarks run against. Idempotent: does nothing for
 # a group whose tools are all on PATH.
 #
-#   bash scripts/install_ops_deps.sh              # prometheus and dns (the tests' default)
+#   bash scripts/install_ops_deps.sh              # prometheus, dns and browser (the tests' default)
 #   bash scripts/install_ops_deps.sh bench        # wrk and nginx (make bench's wrk phase)
 #   bash scripts/install_ops_deps.sh prometheus bench
 #   bash scripts/install_ops_deps.sh docker       # docker.io, docker-compose, debootstrap (make docker-test)
 #   bash scripts/install_ops_deps.sh dns          # dnsmasq (tests/deploy/test_dns_discovery.py)
+#   bash scripts/install_ops_deps.sh browser      # chromium, chromedriver (tests/gateway/ui)
 #
 # Groups: `prometheus` installs Debian's `prometheus` package (prometheus + promtool); `bench`
 # installs `wrk` (a C load generator) and `nginx` (an upstream answering from memory; the bench
 # runs its own unprivileged nginx on a free port with a generated config). `docker` installs
 # Debian's docker.io (the engine; the tests start their own dockerd, its own socket and data
 # root), docker-compose (Compose v1: Debian has no compose plugin) and debootstrap (the base
-# image, docker/base/build_base.sh); `dns` installs dnsmasq-base (a DNS server, no service).
+# image, docker/base/build_base.sh); `dns` installs dnsmasq-base (a DNS server, no service);
+# `browser` installs Debian's chromium and chromium-driver (headless Chromium driven by
+# Selenium in the pool page's tests).
 #
 # Needs root (or sudo) and apt. Exits non-zero, saying why, when it cannot install; the test or
 # bench phase then skips with that reason. Debian's packages also register services; this script
@@ -23,7 +26,7 @@ set -euo pipefail
 have() { command -v "$1" >/dev/null 2>&1; }
 
 groups=("$@")
-[ "${#groups[@]}" -eq 0 ] && groups=(prometheus dns)
+[ "${#groups[@]}" -eq 0 ] && groups=(prometheus dns browser)
 
 packages=()
 tools=()
@@ -33,7 +36,8 @@ for group in "${groups[@]}"; do
         bench) packages+=(wrk nginx); tools+=(wrk nginx) ;;
         docker) packages+=(docker.io docker-compose debootstrap); tools+=(dockerd docker-compose debootstrap) ;;
         dns) packages+=(dnsmasq-base); tools+=(dnsmasq) ;;
-        *) echo "install_ops_deps: unknown group '$group' (known: prometheus, bench, docker, dns)" >&2; exit 2 ;;
+        browser) packages+=(chromium chromium-driver); tools+=(chromium chromedriver) ;;
+        *) echo "install_ops_deps: unknown group '$group' (known: prometheus, bench, docker, dns, browser)" >&2; exit 2 ;;
     esac
 done
 
