@@ -11,6 +11,7 @@ The reference is always the ``tiny-p`` worker asked directly. Greedy decoding: t
   vLLM's event order; ``thinking`` disabled; a budget honoured by a worker with a parser and
   refused clearly by one without.
 * Streamed ``/v1/responses``: ``reasoning_tokens`` as in the whole reply, and as vLLM's.
+* The pooling routes, on a third worker (the same model run as an embedding model): vLLM's 400.
 
 Run it in the lock::
 
@@ -19,6 +20,7 @@ Run it in the lock::
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -26,6 +28,8 @@ import httpx
 import openai
 import pytest
 
+from tests.procs import gateway, running
+from tests.vllm.conftest import _paths, _worker, wait_ready
 from tests.vllm.test_conformance import PARSED, SPLIT, WINDOW, Stack, _post, stack
 
 __all__ = ["stack"]  # the module's stack fixture: test_conformance's gateway and workers
@@ -212,3 +216,42 @@ def test_streamed_responses_count_reasoning_tokens_as_the_whole_and_as_vllm(stac
 
     assert counts(streamed) == counts(whole) == counts(vllm)
     assert counts(streamed)[1] > 0
+
+
+# ---- pooling routes -------------------------------------------------------------------------
+
+EMBED, EMBED_WINDOW = "tiny-embed", 512
+
+
+@pytest.fixture(scope="module")
+def pooling(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """A gateway in front of the tiny model run as an embedding model: (gateway, worker)."""
+    py, models = _paths()
+    if not py.exists() or not (models / "qwen3-dense" / "config.json").exists():
+        pytest.skip("real vLLM not set up (run `make test`, which installs it and the models)")
+    worker = _worker("embed", models / "qwen3-dense", EMBED_WINDOW, py)
+    worker["model"] = EMBED
+    worker["launch"]["args"].update({"runner": "pooling", "convert": "embed"})
+    del worker["warmup"]  # nothing to generate
+    cfg = {"models": [{"name": EMBED}], "workers": [worker]}
+    gw = gateway(cfg, tmp_path_factory.mktemp("pooling"))
+    with running(gw):
+        wait_ready(gw, timeout=420, names=("embed",))
+        url = httpx.get(gw.url + "/admin/workers", timeout=10).json()["data"][0]["url"]
+        yield gw.url, url
+
+
+@pytest.mark.parametrize("path", ["/v1/embeddings", "/pooling"])
+def test_pooling_routes_get_vllms_400_for_a_prompt_no_window_holds(
+    pooling: tuple[str, str], path: str
+) -> None:
+    gw, worker = pooling
+    body = {"model": EMBED, "input": LONG}
+    ours, theirs = _post(gw, path, body), _post(worker, path, body)
+    assert theirs.status_code == ours.status_code == 400, ours.text
+    assert ours.json() == theirs.json()
+    gpt = openai.OpenAI(base_url=gw + "/v1", api_key="x", timeout=120)  # its 2 retries
+    with pytest.raises(openai.BadRequestError):
+        gpt.embeddings.create(model=EMBED, input=LONG)
+    fits = _post(gw, "/v1/embeddings", {"model": EMBED, "input": "hello there"})
+    assert fits.status_code == 200 and fits.json()["data"][0]["embedding"]
