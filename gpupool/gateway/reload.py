@@ -32,6 +32,7 @@ from pydantic import BaseModel
 
 from gpupool.config import ConfigError, load_config
 from gpupool.config.models import ApiKey, GpupoolConfig
+from gpupool.gateway.admission.base import LIVE_QUEUE
 from gpupool.gateway.catalog import Catalog
 from gpupool.gateway.errors import BadRequest
 from gpupool.gateway.parse import ReadLimits
@@ -48,14 +49,21 @@ DRAIN_ON_RELOAD_S = 60.0
 # Section -> the fields a reload applies (None: all of them). ``models`` and ``workers`` are
 # the worker diff's (``_workers``). Everything else needs a restart: the listening socket and
 # its protocol limits (server.host, port, ssl_*, header_*), the upstream client's timeouts and
-# bounds, the queue backend and its admission settings, the router's and the health checks'.
+# bounds, the queue backend and its Redis connection, the health checks'.
 _READ = ("max_json_depth", "max_n", "max_sequences", "max_json_containers")  # the pipeline's
 _FRONT = ("max_body_bytes", "body_timeout_s", "log_prompts")  # the front door's (reload_hooks)
+_ROUTING = frozenset(
+    {
+        *("retries", "exact_count_margin", "prefix_affinity", "affinity_max_load"),
+        *("affinity_max_lead", "affinity_wait_s", "window_reserve_s"),
+        *("prefill_gate_tokens", "prefill_gate_max_wait_s"),
+    }
+)
 LIVE: dict[str, frozenset[str] | None] = {
     "auth": None,
     "server": frozenset({*_READ, *_FRONT, "expose_worker_header"}),
-    "queue": frozenset({"max_wait_s"}),
-    "routing": frozenset({"retries", "exact_count_margin"}),
+    "queue": frozenset(LIVE_QUEUE),  # ``Admission.configure``
+    "routing": _ROUTING,  # ``Router.configure``, the prefill gate, the dispatcher
     "tenancy": frozenset({"cache", "salt_secret"}),
 }
 _WORKER_SECTIONS = frozenset({"models", "workers"})
@@ -198,7 +206,12 @@ def _swap(svc: Services, live: Live, removed: list[str]) -> int:
     svc.key_limits.default_reserve_tokens = live.cfg.auth.tpm_reserve_tokens
     svc.pipeline.read_limits = live.read_limits
     svc.pipeline.relay.worker_header = live.cfg.server.expose_worker_header
-    svc.pipeline.dispatcher.routing = live.cfg.routing
+    svc.pipeline.dispatcher.routing = routing = live.cfg.routing
+    svc.pipeline.dispatcher.gate.configure(
+        routing.prefill_gate_tokens, routing.prefill_gate_max_wait_s
+    )
+    svc.pipeline.candidates.router.configure(routing)
+    svc.admission.configure(live.cfg.queue)
     svc.pipeline.cache = CacheScope.from_config(  # isolated or not, by the tenants now
         live.cfg.tenancy, live.cfg.auth, live.auth.store.keys.values()
     )

@@ -209,12 +209,7 @@ def build_services(
     admission = admission or build_admission(cfg.queue, RegistryView(registry), replica)
     catalog = Catalog(cfg.models)
     routing = cfg.routing
-    router = Router(
-        routing.affinity_max_load,
-        routing.prefix_affinity,
-        routing.window_reserve_s,
-        routing.affinity_wait_s,
-    )
+    router = Router.from_config(routing)
     poller = RemotePoller(registry, client.session, cfg.routing)
     launched = [wc for wc in cfg.workers if wc.launch is not None]
     cache_keys = detect_cache_keys(launched, discover_gpus()) if launched else {}

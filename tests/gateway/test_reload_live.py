@@ -26,16 +26,18 @@ def _cfg(**sections: dict[str, Any]) -> Any:
 
 def test_live_fields_apply_and_the_rest_keep_their_running_values() -> None:
     old = _cfg(server={"port": 8000, "max_sequences": 256}, queue={"max_wait_s": 60})
-    new = _cfg(server={"port": 9000, "max_sequences": 8}, queue={"max_wait_s": 5, "max_queued": 3},
-               routing={"retries": 0, "window_reserve_s": 1},
-               auth={"enabled": True, "metrics_open": False})  # fmt: skip
+    new = _cfg(server={"port": 9000, "max_sequences": 8}, queue={"max_wait_s": 5, "max_queued": 3,
+               "lease_ttl_s": 4}, routing={"retries": 0, "window_reserve_s": 1,
+               "health_interval_s": 9}, auth={"enabled": True, "metrics_open": False})  # fmt: skip
     live = build_live(old, new, AuthState.build(new.auth))
-    assert live.applied == ["server.max_sequences", "queue.max_wait_s", "routing.retries",
-                            "auth.enabled", "auth.metrics_open"]  # fmt: skip
-    assert live.restart == ["server.port", "queue.max_queued", "routing.window_reserve_s"]
+    assert live.applied == ["server.max_sequences", "queue.max_queued", "queue.max_wait_s",
+                            "routing.retries", "routing.window_reserve_s", "auth.enabled",
+                            "auth.metrics_open"]  # fmt: skip
+    assert live.restart == ["server.port", "queue.lease_ttl_s", "routing.health_interval_s"]
     assert live.cfg.server.port == 8000 and live.cfg.server.max_sequences == 8
-    assert live.cfg.queue.max_queued == 1000 and live.cfg.queue.max_wait_s == 5
-    assert live.cfg.routing.window_reserve_s == 60 and live.cfg.routing.retries == 0
+    assert live.cfg.queue.max_queued == 3 and live.cfg.queue.max_wait_s == 5
+    assert live.cfg.queue.lease_ttl_s == 10 and live.cfg.routing.health_interval_s != 9
+    assert live.cfg.routing.window_reserve_s == 1 and live.cfg.routing.retries == 0
     assert live.read_limits == ReadLimits(64, 16, 8, 200_000)
     # the running config then compares equal on those fields: reported again, never lost
     again = build_live(live.cfg, new, AuthState.build(new.auth))

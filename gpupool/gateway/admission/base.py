@@ -14,7 +14,23 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from gpupool.config.models import QueueConfig
+
+
+# The queue settings a reload applies at once (``Admission.configure``); the rest (backend,
+# Redis connection, lease TTL) need a restart.
+LIVE_QUEUE = (
+    "max_queued",
+    "max_queued_per_tenant",
+    "max_wait_s",
+    "keepalive_interval_s",
+    "reserved_slots",
+    "reserve_window_s",
+    "shared_share",
+)
 
 
 @dataclass(slots=True)
@@ -59,6 +75,10 @@ WaitCallback = Callable[[int], Awaitable[None]]
 
 class Admission(Protocol):
     async def start(self) -> None: ...
+
+    def configure(self, cfg: QueueConfig) -> None:
+        """A reload's queue settings (limits, waits, reserved seats), applied at once."""
+        ...
 
     async def close(self) -> None: ...
 

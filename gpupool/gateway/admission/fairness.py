@@ -144,6 +144,14 @@ class Presence:
         self._clock = clock
         self._seen: OrderedDict[str, float] = OrderedDict()  # oldest first
 
+    @property
+    def window_s(self) -> float:
+        return self._window
+
+    @window_s.setter
+    def window_s(self, value: float) -> None:
+        self._window = value
+
     def saw(self, tenant: str) -> None:
         now = self._clock()
         seen = self._seen

@@ -133,6 +133,21 @@ class MemoryAdmission:
             replica_id=replica_id,
         )
 
+    def configure(self, cfg: QueueConfig) -> None:
+        """A reload's queue settings, at once (no I/O): limits, reserved seats, shared share.
+        Waiters a wider limit now admits get their slots here."""
+        self._max_queued = cfg.max_queued
+        self._max_per_tenant = cfg.max_queued_per_tenant
+        self._max_wait_s = cfg.max_wait_s
+        self._keepalive_s = cfg.keepalive_interval_s
+        self._reserved = cfg.reserved_slots
+        self._window_s = cfg.reserve_window_s
+        self._share = cfg.shared_share
+        for queue in self._queues.values():
+            queue.presence.window_s = cfg.reserve_window_s
+        for worker in list(self._eligible):
+            self._dispatch(worker)
+
     async def start(self) -> None:
         return None
 

@@ -61,7 +61,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from gpupool.config.models import QueueConfig, RedisFailurePolicy
-from gpupool.gateway.admission.base import Lease, Ticket, WaitCallback, WorkerView
+from gpupool.gateway.admission.base import LIVE_QUEUE, Lease, Ticket, WaitCallback, WorkerView
 from gpupool.gateway.admission.connection import (
     CONNECTION_ERRORS,
     CONTROL_CONNECTIONS,
@@ -168,6 +168,15 @@ class RedisAdmission:
         return self._up
 
     # -- lifecycle ------------------------------------------------------------------------
+
+    def configure(self, cfg: QueueConfig) -> None:
+        """A reload's queue settings for this replica's calls (each replica passes its own to
+        the scripts: reload every replica). Connection settings stay as they started."""
+        live = {name: getattr(cfg, name) for name in LIVE_QUEUE}
+        self._cfg = self._cfg.model_copy(update=live)
+        self._store = Store(self._client, self._cfg)
+        self._ctl = Store(self._control, self._cfg)
+        self._local.configure(self._cfg)
 
     async def start(self) -> None:
         try:

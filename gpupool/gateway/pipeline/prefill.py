@@ -60,6 +60,11 @@ class PrefillGate:
         turn = self._turns[worker] = Turn(self, worker)
         return turn
 
+    def configure(self, min_tokens: int, max_wait_s: float) -> None:
+        """A reload's settings, for the turns that start from now."""
+        self.min_tokens = min_tokens
+        self._max_wait_s = max_wait_s
+
     def held(self) -> int:
         """Workers with a long prefill running (0 once every turn has ended)."""
         return len(self._turns)

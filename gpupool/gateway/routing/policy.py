@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from gpupool.config.models import RoutingConfig
 from gpupool.gateway.routing.estimate import TokenEstimate
 from gpupool.gateway.routing.footprint import Footprint
 from gpupool.gateway.routing.pace import Pace
@@ -145,6 +146,20 @@ class Router:
         self._affinity_max_lead = affinity_max_lead
         self._use_affinity = prefix_affinity
         self._affinity_wait_s = affinity_wait_s
+
+    @classmethod
+    def from_config(cls, routing: RoutingConfig) -> Router:
+        router = cls()
+        router.configure(routing)
+        return router
+
+    def configure(self, routing: RoutingConfig) -> None:
+        """The routing settings (at start, and a reload's at once); what was learned stays."""
+        self._affinity_max_load = routing.affinity_max_load
+        self._affinity_max_lead = routing.affinity_max_lead
+        self._use_affinity = routing.prefix_affinity
+        self._affinity_wait_s = routing.affinity_wait_s
+        self.reserve.hold_s = routing.window_reserve_s
 
     def decide(self, req: RouteRequest, ready: list[Worker]) -> Decision:
         if req.image or req.video or req.audio:

@@ -19,20 +19,20 @@ from collections.abc import Callable
 
 class WindowReserve:
     def __init__(self, hold_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
-        self._hold_s = hold_s
+        self.hold_s = hold_s
         self._clock = clock
         # model -> (until when, the smallest window that held one of its long prompts lately)
         self._held: dict[str, tuple[float, int]] = {}
 
     def saw_long(self, model: str, window: int) -> None:
         """A prompt of ``model`` that only windows of at least ``window`` tokens hold came."""
-        if self._hold_s <= 0:
+        if self.hold_s <= 0:
             return
         now = self._clock()
         held = self._held.get(model)
         if held is not None and held[0] > now:
             window = min(window, held[1])
-        self._held[model] = (now + self._hold_s, window)
+        self._held[model] = (now + self.hold_s, window)
 
     def window(self, model: str) -> int | None:
         """The smallest window kept for long prompts of ``model`` now; None when none is."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gpupool.config.models import RoutingConfig
 from gpupool.gateway.routing.policy import Router, RouteRequest
 from gpupool.workers.registry import MediaCaps, Registry, Worker, WorkerState
 
@@ -207,3 +208,16 @@ def test_a_queue_of_outside_work_is_forgotten_one_scrape_after_it_emptied() -> N
     assert w.vllm_external == 40
     reg.scraped("long", 0.0, 0.0, 0.0, (0, 0))
     assert w.vllm_external == 0
+
+
+def test_a_reload_changes_how_the_router_places_at_once() -> None:
+    """``Router.configure``: the new settings decide the next request; what was learned
+    (the conversation's worker) stays."""
+    router, a, b = Router(), worker("a", inflight=1), worker("b")
+    router.served(req(key=7), "a")
+    assert first(router, req(key=7), [a, b]) == "b"
+    wider = RoutingConfig(affinity_max_lead=0.5)
+    router.configure(wider)
+    assert first(router, req(key=7), [a, b]) == "a"
+    router.configure(RoutingConfig(prefix_affinity=False, affinity_max_lead=0.5))
+    assert first(router, req(key=7), [a, b]) == "b"
