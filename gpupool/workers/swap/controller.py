@@ -84,7 +84,7 @@ class SwapController:
             group, member = self._find(worker.name)
         except NotSwappable:
             return True
-        return group.may_run(member)
+        return group.holds(member)
 
     # -- life -----------------------------------------------------------------------------------
 

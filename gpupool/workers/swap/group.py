@@ -113,6 +113,11 @@ class SwapGroup:
                 current.swap_group = self.name
                 m.worker = current
 
+    def holds(self, member: Member) -> bool:
+        """Whether ``member`` holds the GPU now (the poller may mark it ready). A ``url:``
+        member that failed comes back through a switch, which asks it ``/is_sleeping``."""
+        return self.holder is member and self._leaving is not member
+
     async def before_launch(self, member: Member) -> None:
         """The launch gate: return once ``member`` holds the GPU."""
         self.refresh()

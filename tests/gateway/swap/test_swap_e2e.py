@@ -234,3 +234,19 @@ def test_a_reload_that_changes_both_members_keeps_them_taking_turns(tmp_path: Pa
         assert {w["swap_group"] for w in seen.values()} == {"gpu0"}
         assert sorted(w["state"] for w in seen.values()) == ["asleep", "ready"]
     _clean(tmp_path)
+
+
+def test_a_lone_url_worker_sleeps_when_idle_and_wakes_for_a_request(tmp_path: Path) -> None:
+    a = sim(model="coder", tmp=tmp_path, enable_sleep_mode=True)
+    cfg = {
+        "models": [{"name": "coder"}],
+        "workers": [{"name": "a", "model": "coder", "url": a.url, "sleep": {"idle_s": 0.5}}],
+        "routing": {"health_interval_s": 0.3, "metrics_interval_s": 3600},
+    }
+    with running(a), serving(cfg, tmp_path) as gw:
+        wait_states(gw, {"a": "asleep"})  # idle: the GPU is free for other programs
+        assert httpx.get(a.url + "/is_sleeping").json() == {"is_sleeping": True}
+        assert _ask(_client(gw), "coder", True)
+        assert httpx.get(a.url + "/sim/sleep").json()["wakes"] == 1
+        wait_states(gw, {"a": "asleep"})
+        assert httpx.get(a.url + "/sim/sleep").json()["violations"] == []
