@@ -15,7 +15,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from gpupool.config.models import GpupoolConfig
-from gpupool.gateway.api import admin_routes, openai_routes
+from gpupool.gateway.api import admin_routes, openai_routes, ui_routes
 from gpupool.gateway.api.endpoint import Endpoint, services
 from gpupool.gateway.api.errors import gateway_error, http_error, unexpected_error
 from gpupool.gateway.api.front import Front
@@ -75,6 +75,7 @@ def create_app(
         built.reload_hooks.append(front.configure)
         await built.start()
         stop_hup = reload_on_sighup(built)  # `kill -HUP` reloads the config, as the admin route
+        feed = ui_routes.start_feed(app, built)  # the pool page's live feed (GET /ui)
         # Everything built so far lives as long as the server: move it out of the cyclic
         # collector's sight, so a full collection under load walks only per-request garbage
         # (measured here: ~30 ms for the ~75k start-up objects, against well under 0.1 ms).
@@ -84,6 +85,7 @@ def create_app(
             yield
         finally:
             stop_hup()
+            await feed.close()
             await built.close()
 
     app = Starlette(
@@ -94,6 +96,7 @@ def create_app(
             Route("/openapi.json", Endpoint(openapi), methods=["GET"]),
             *openai_routes.routes(),
             *admin_routes.routes(),
+            *ui_routes.routes(),
         ],
         middleware=[Middleware(RequestIdMiddleware), Middleware(AuthMiddleware, cfg=cfg.auth)],
         exception_handlers={

@@ -1,6 +1,8 @@
 """Authentication as pure ASGI middleware: 401 without a valid key, 403 for the wrong kind.
 
-``/health`` is always open, ``/metrics`` when the config says so; ``/admin/*`` needs the admin
+``/health`` and the pool page's static files (``/ui``: no data; the page asks for the admin
+key and sends it with ``fetch()``, see ``gateway/api/ui_routes.py``) are always open, ``/metrics``
+when the config says so; ``/admin/*`` needs the admin
 key; every other route needs a client key (or the admin key). The token-bearing routes are
 checked by the front door (``gateway/api/front.py``) with the same :class:`Authenticator`, which
 also hands the caller's identity to their handlers.
@@ -26,7 +28,7 @@ from gpupool.gateway.security.keys import KeyStore, Principal, presented_key
 if TYPE_CHECKING:
     from gpupool.gateway.services import Services
 
-_ALWAYS_OPEN = frozenset({"/health"})
+_ALWAYS_OPEN = frozenset({"/health", "/ui", "/ui/app.js", "/ui/app.css"})
 
 
 @dataclass(frozen=True, slots=True)
