@@ -4,7 +4,8 @@ Serves vLLM's dev-mode routes: ``POST /sleep?level=1|2&mode=...``, ``POST /wake_
 ``GET /is_sleeping``, ``POST /collective_rpc`` (``reload_weights``), with the time each takes
 (``--sleep-s``, ``--wake-s``, ``--reload-s``) and the host RAM a level-1 sleep would hold
 (``--weights-gib``), shown by ``GET /sim/sleep``. ``POST /sim/sleep`` sets ``wake_fail``:
-``"error"`` (the next wake answers 500) or ``"crash"`` (the process exits).
+``"error"`` (the next wake answers 500) or ``"crash"`` (the process exits), and ``sleep_fail``:
+``"error"`` (the next sleep answers 500; the worker stays awake).
 
 A shared-GPU ledger (``--sleep-ledger FILE``, one JSON file for every simulated worker of one
 GPU) holds each one's ``--gpu-memory-utilization`` share while it is awake. A start or a wake
@@ -83,6 +84,7 @@ class SleepMode:
     wakes: int = 0
     violations: list[str] = field(default_factory=list)
     wake_fail: str | None = None
+    sleep_fail: str | None = None
     running: Callable[[], int] = lambda: 0  # generations in flight (the app sets it)
 
     def __post_init__(self) -> None:
@@ -177,6 +179,10 @@ class SleepMode:
     async def sleep(self, level: int) -> tuple[int, Any]:
         if level not in (0, 1, 2):
             return 422, {"detail": "level must be 0, 1 or 2"}
+        if self.sleep_fail == "error":
+            self.sleep_fail = None
+            msg = "CUDA error: an illegal memory access (sim): the engine could not sleep."
+            return 500, {"error": {"message": msg, "type": "InternalServerError", "code": 500}}
         if not self.asleep:
             if self.running():
                 self._violation(f"sleep with {self.running()} generation(s) running")
@@ -227,10 +233,12 @@ class SleepMode:
             knobs = orjson.loads(body or b"{}")
         except orjson.JSONDecodeError:
             return 400, {"detail": "not JSON"}
-        fail = knobs.get("wake_fail") if isinstance(knobs, dict) else None
-        if fail not in (None, "error", "crash"):
-            return 400, {"detail": "wake_fail: error, crash or null"}
-        self.wake_fail = fail
+        if not isinstance(knobs, dict):
+            return 400, {"detail": "a JSON object"}
+        wake, sleep = knobs.get("wake_fail"), knobs.get("sleep_fail")
+        if wake not in (None, "error", "crash") or sleep not in (None, "error"):
+            return 400, {"detail": "wake_fail: error, crash or null; sleep_fail: error or null"}
+        self.wake_fail, self.sleep_fail = wake, sleep
         return self.stats()
 
 

@@ -250,3 +250,19 @@ def test_a_lone_url_worker_sleeps_when_idle_and_wakes_for_a_request(tmp_path: Pa
         assert httpx.get(a.url + "/sim/sleep").json()["wakes"] == 1
         wait_states(gw, {"a": "asleep"})
         assert httpx.get(a.url + "/sim/sleep").json()["violations"] == []
+
+
+def test_a_failed_sleep_restarts_the_worker_before_the_other_wakes(
+    stack: Proc, tmp_path: Path
+) -> None:
+    coder = workers(stack)["coder-w"]
+    httpx.post(coder["url"] + "/sim/sleep", json={"sleep_fail": "error"}).raise_for_status()
+    with Sampler(stack) as sampler:
+        assert _ask(_client(stack), "chat", False)  # coder-w killed (its GPU memory freed) first
+        after = workers(stack)["coder-w"]
+        assert after["restarts"] >= 1 or after["pid"] != coder["pid"]
+        assert after["state"] in ("starting", "stopped", "failed")  # its relaunch waits its turn
+        assert _ask(_client(stack), "coder", True)  # its turn: launched, then served
+    assert sampler.most_awake == 1
+    assert workers(stack)["chat-w"]["state"] == "asleep"
+    _clean(tmp_path)
