@@ -11,8 +11,9 @@ It fails when a workload's tokens/s through gpupool (the workers' own
 attempts (a workload below it is measured again, twice at most: a busy host costs a round now
 and then, a placement fault costs every one), or when six chats opening together on the idle
 workers (equally able: every prompt fits both) end that burst, their openings, more than one
-request apart, on a fresh gateway or after the rounds. Their later turns (and the totals) are
-printed: they come one at a time, not together, and a conversation may move between them.
+request apart, on a fresh gateway or after the rounds (three attempts too). Their later turns
+(and the totals) are printed: they come one at a time, not together, and a conversation may
+move between them.
 
 Steps of 40 ms make the gateway's millisecond per request invisible: correct routing measures
 1.00 within the host's noise (a few percent a round on a loaded 2-core machine; both windows
