@@ -37,6 +37,11 @@ if TYPE_CHECKING:
 PAGE_PATHS = frozenset({"/ui", "/ui/app.js", "/ui/app.css"})  # served without a key
 EVERY_S = 2.0  # a snapshot at least this often (and at once when a worker changes state)
 MAX_STREAMS = 16  # open pool pages per gateway; more get 429
+# A stream ends after this long and the page opens the next at once: uvicorn's graceful
+# shutdown waits for open responses, and nothing tells a response that the server is stopping,
+# so a gateway stopping with a page open waits at most this long for it (less than the
+# default `server.shutdown_grace_s`).
+STREAM_S = 15.0
 
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -102,7 +107,8 @@ def _needs_key(request: Request) -> bool:
 
 async def events(request: Request) -> ASGIApp:
     """The pool page's feed: an ``event: pool`` with the whole snapshot (``feed.py``) at once,
-    on every worker state change and at least every ``EVERY_S``, until the client leaves."""
+    on every worker state change and at least every ``EVERY_S``, until the client leaves or
+    ``STREAM_S`` has passed (the page then opens the next one)."""
     if request.query_params:
         raise InvalidBody("/admin/events takes no query parameters.")
     services(request)  # 500 before the stream starts, never in it, when the app has none
@@ -131,6 +137,7 @@ class EventStream:
             headers += [(k.encode(), v.encode()) for k, v in HEADERS]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             await self._pump(send, gone)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:
             pass  # the client went away while we wrote
         finally:
@@ -140,7 +147,9 @@ class EventStream:
                 await watch
 
     async def _pump(self, send: Send, gone: asyncio.Event) -> None:
-        while not gone.is_set():
+        loop = asyncio.get_running_loop()
+        end = loop.time() + STREAM_S
+        while not gone.is_set() and loop.time() < end:
             changed = self.feed.changed
             data = orjson.dumps(await self.feed.snapshot())
             await send({"type": "http.response.body", "body": b"event: pool\ndata: %b\n\n" % data,

@@ -63,12 +63,16 @@ async function connect() {
   $("pool").hidden = false;
   $("signout").hidden = !key();
   status("live");
+  const opened = Date.now();
   try {
     await read(resp.body.getReader(), ctl);
   } catch (e) {
     if (ctl.signal.aborted) return;
+    return again(ctl, "the stream broke; reconnecting");
   }
-  again(ctl, "the stream ended; reconnecting");
+  // The gateway ends each stream after a while (so that it can stop promptly): the next now.
+  if (Date.now() - opened < 5000) return again(ctl, "the stream ended early; reconnecting");
+  if (!ctl.signal.aborted && stream === ctl) connect();
 }
 
 function again(ctl, why) {
