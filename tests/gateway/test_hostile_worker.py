@@ -138,6 +138,7 @@ def watch(pool: Pool, request: pytest.FixtureRequest) -> Iterator[Watch]:
     thread = threading.Thread(target=w.run, daemon=True)
     thread.start()
     yield w
+    wait_for(lambda: bool(w.health_s), "a /health sample")  # one at least, however quick the case
     w._stop.set()
     thread.join(15)
     assert_nothing_held(pool.gw.url, ADMIN_H)
