@@ -210,7 +210,8 @@ class FrozenRun:
 def frozen(tmp_path_factory: pytest.TempPathFactory) -> FrozenRun:
     tmp = tmp_path_factory.mktemp("frozen")
     a, b = (sim(model=MODEL, tmp=tmp, max_num_seqs=16, ttft_ms=20) for _ in range(2))
-    server = {"upstream_read_timeout_s": 2.0, "upstream_connect_timeout_s": 1.0}
+    server = {"upstream_read_timeout_s": 2.0, "upstream_total_timeout_s": 2.0,
+              "upstream_connect_timeout_s": 1.0}  # fmt: skip
     routing = {**NO_AFFINITY, "health_timeout_s": HEALTH_TIMEOUT_S}
     cfg = gateway_config([("a", a, 4), ("b", b, 4)], routing=routing, server=server)
     gw = gateway(cfg, tmp)

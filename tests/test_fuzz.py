@@ -37,7 +37,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Proc]]
     cfg = gateway_config(
         [("small", small, 4), ("big", big, 4)],
         queue={"max_queued": 64, "max_wait_s": 5},
-        server={"upstream_read_timeout_s": 5.0},
+        server={"upstream_read_timeout_s": 5.0, "upstream_total_timeout_s": 5.0},
     )
     gw = gateway(cfg, tmp)
     with running(small, big), running(gw, ready_path="/ready"):
