@@ -36,6 +36,9 @@ _BY_STATUS: dict[int, type[GatewayError]] = {400: BadRequest, 404: NotFound, 413
 def error_reply(e: GatewayError, kind: Kind | None = None) -> Reply:
     """``e`` as the reply of route ``kind`` (vLLM's envelope; the Anthropic routes' own shape
     for what vLLM's Anthropic handler would refuse, its validator's 400s staying OpenAI's)."""
+    if e.status >= 500:  # the gateway's or a worker's failure, with its request id (the
+        # pool page's recent errors, ui/feed.py, keep these); a client's own mistakes are not
+        log.warning("answered %d %s: %s", e.status, e.type, e.message)
     headers = [("content-type", JSON), *((k.lower(), v) for k, v in e.headers.items())]
     if isinstance(e, Unauthorized):
         headers.append(("www-authenticate", "Bearer"))

@@ -49,9 +49,13 @@ def chromium(profile: Path, width: int = 1280, height: int = 900) -> Iterator[An
 
 
 def wait(driver: Any, what: Callable[[Any], T], timeout: float = 30.0, message: str = "") -> T:
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(what, message)  # type: ignore[no-any-return]
+    # the page replaces parts of itself at every event: an element found may go before it is read
+    waiter = WebDriverWait(driver, timeout, poll_frequency=0.1,
+                           ignored_exceptions=(StaleElementReferenceException,))  # fmt: skip
+    return waiter.until(what, message)  # type: ignore[no-any-return]
 
 
 def console_errors(driver: Any) -> list[dict[str, Any]]:

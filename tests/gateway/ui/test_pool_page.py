@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.gateway.ui.browser import chromium, console_errors, need_chromium, screenshot, wait
-from tests.gateway.ui.pool import ADMIN, ADMIN_H, Pool, pool
+from tests.gateway.ui.pool import ADMIN, ADMIN_H, CLIENT, OTHER, Pool, pool
 from tests.hostile_tools import assert_nothing_held
 
 pytestmark = pytest.mark.timeout(120)
@@ -37,13 +37,28 @@ def _css(driver: Any, selector: str) -> Any:
 
 
 def _state(driver: Any, worker: str) -> str | None:
-    from selenium.common.exceptions import NoSuchElementException
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 
-    try:
-        label = _css(driver, f'[data-worker="{worker}"] .state-label')
-        return str(label.get_attribute("data-state"))
-    except NoSuchElementException:
-        return None
+    for _ in range(50):  # the badge is replaced at every event: read it again if it just went
+        try:
+            label = _css(driver, f'[data-worker="{worker}"] .state-label')
+            return str(label.get_attribute("data-state"))
+        except NoSuchElementException:
+            return None
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError(f"{worker}'s state never held still long enough to read")
+
+
+def _text(driver: Any, selector: str) -> str:
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    for _ in range(50):
+        try:
+            return str(_css(driver, selector).text)
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError(f"{selector} never held still long enough to read")
 
 
 def _log_in(p: Pool, driver: Any, key: str = ADMIN) -> None:
@@ -65,7 +80,7 @@ def _press(driver: Any, worker: str, action: str) -> None:
 
 
 def _changes(driver: Any) -> str:
-    return str(_css(driver, "#changes").text)
+    return _text(driver, "#changes")
 
 
 def test_page_loads_asks_for_the_key_and_shows_the_pool(page: tuple[Pool, Any, Path]) -> None:
@@ -75,7 +90,7 @@ def test_page_loads_asks_for_the_key_and_shows_the_pool(page: tuple[Pool, Any, P
     assert not _css(driver, "#pool").is_displayed()
     _log_in(p, driver)
     assert _state(driver, "w2") == "ready"
-    assert "✓ ready" in _css(driver, '[data-worker="w1"] .state-label').text  # a symbol and text
+    assert "✓ ready" in _text(driver, '[data-worker="w1"] .state-label')  # a symbol and text
     assert "4,096 tokens" in _css(driver, '[data-worker="w1"]').text
     assert "m" in _css(driver, "#queues").text and "0 requests" in _css(driver, "#queues").text
     assert driver.execute_script("return sessionStorage.getItem('gpupool-admin-key')") == ADMIN
@@ -130,6 +145,15 @@ def test_the_page_follows_a_killed_worker(page: tuple[Pool, Any, Path]) -> None:
     _log_in(p, driver)
     p.w2.kill()
     wait(driver, lambda d: _state(d, "w2") == "failed", message="w2 never shown failed")
-    assert "✕ failed" in _css(driver, '[data-worker="w2"] .state-label').text
+    assert "✕ failed" in _text(driver, '[data-worker="w2"] .state-label')
     assert "w2 (other): ✓ ready → ✕ failed" in _changes(driver)
     assert _state(driver, "w1") == "ready"
+    # a request for w2's model now fails: the page lists it with the id the client got
+    chat = {"model": OTHER, "messages": [{"role": "user", "content": "hi"}]}
+    client = {"authorization": f"Bearer {CLIENT}"}
+    r = httpx.post(p.url + "/v1/chat/completions", headers=client, json=chat, timeout=30)
+    assert r.status_code >= 500, r.text
+    rid = r.headers["x-request-id"]
+    wait(driver, lambda d: rid in _css(d, "#errors").text, message="the failure is not listed")
+    assert f"answered {r.status_code}" in _text(driver, "#errors")
+    assert_nothing_held(p.url, ADMIN_H)
