@@ -39,6 +39,7 @@ function secs(s) {
 function gib(b) { return b == null ? "unknown" : (b / 2 ** 30).toFixed(1) + " GiB"; }
 function pct(x) { return (100 * x).toFixed(0) + " %"; }
 function count(n) { return Math.round(n).toLocaleString(); }
+function reqs(n) { return count(n) + (Math.round(n) === 1 ? " request" : " requests"); }
 
 // ---- the stream ----
 async function connect() {
@@ -125,8 +126,7 @@ function render(snap) {
   renderGpus(snap);
   renderWorkers(snap.workers);
   rows("queues", snap.queues, (q) => [
-    q.model, count(q.depth) + " requests", q.depth ? secs(q.oldest_wait_s) : "—",
-    count(q.rejected_last_min) + " requests",
+    q.model, reqs(q.depth), q.depth ? secs(q.oldest_wait_s) : "—", reqs(q.rejected_last_min),
   ]);
   rows("errors", snap.errors, (e) => [
     time(e.at), e.request_id ? el("code", {}, e.request_id) : "—", e.source, e.message,
@@ -225,8 +225,8 @@ function fillCard(c, w) {
   const kv = el("meter", { min: "0", max: "1", value: String(w.kv_cache), "aria-label": "KV-cache use" });
   const facts = [
     ["Window", w.window == null ? "unknown" : count(w.window) + " tokens"],
-    ["In flight", count(w.inflight) + " of " + count(w.capacity) + " requests"],
-    ["vLLM running / waiting", count(w.running) + " / " + count(w.waiting) + " requests"],
+    ["In flight", count(w.inflight) + " of " + reqs(w.capacity)],
+    ["vLLM running / waiting", count(w.running) + " / " + reqs(w.waiting)],
     ["KV cache", [kv, " " + pct(w.kv_cache)]],
     ["Restarts", count(w.restarts)],
     ["GPUs", w.gpus && w.gpus.length ? w.gpus.join(", ") : "—"],
