@@ -282,7 +282,7 @@ class _Conn(asyncio.Protocol):
         if self.state != _HEAD:
             return  # a response nobody asked for, after the one that was: never kept
         self._nheaders += 1
-        self._hsize += len(name) + len(value) + 4
+        self._hsize += len(name + value) + 4  # (one call, not two: once per header)
         if self._hsize > self._lim.max_head_bytes:
             self._stop(self._head_over())
         if self._nheaders > self._lim.max_headers:
@@ -291,7 +291,7 @@ class _Conn(asyncio.Protocol):
         low = name.lower()
         if low == b"content-length":
             self._framed = True
-            self._declared = int(value) if value.strip().isdigit() else -1
+            self._declared = int(value)  # llhttp refuses a Content-Length that is no number
         elif low == b"transfer-encoding":
             self._framed = self._framed or b"chunked" in value.lower()
         elif low == b"content-encoding" and value.strip().lower() != b"identity":
