@@ -254,8 +254,11 @@ async def gzip_stream(wk: Worker, req: dict[str, Any], w: Writer) -> bool:
 
 
 async def other_model(wk: Worker, req: dict[str, Any], w: Writer) -> bool:
-    """A good answer from another model than the one asked for (and listed)."""
-    w.write(_ok(json.dumps(wk.completion(req, model="someone-elses-model")).encode()))
+    """A good answer (or stream) from another model than the one asked for (and listed)."""
+    if req.get("stream"):
+        await ok(wk, {**req, "model": "someone-elses-model"}, w)
+    else:
+        w.write(_ok(json.dumps(wk.completion(req, model="someone-elses-model")).encode()))
     return True
 
 

@@ -257,11 +257,12 @@ def test_a_worker_past_a_bound_gets_its_client_a_502(
 STREAM_BOUNDS = [
     ("silent_stream", "upstream_read_timeout_s", "no a line of its stream in 1.5 s"),
     ("huge_line", "upstream_max_event_bytes", "SSE event over 1048576 bytes"),
+    ("other_model", "model", "answered for another model"),
 ]
 
 
 @pytest.mark.parametrize(
-    ("mode", "limit", "says"), STREAM_BOUNDS, ids=[b[0] for b in STREAM_BOUNDS]
+    ("mode", "limit", "says"), STREAM_BOUNDS, ids=[f"{b[0]}-stream" for b in STREAM_BOUNDS]
 )
 def test_a_stream_past_a_bound_ends_with_its_error_event(
     pool: Pool, watch: Watch, mode: str, limit: str, says: str

@@ -258,6 +258,7 @@ class Relay:
                 else:
                     ttft.observe(now - plan.started)
                     ex.prefilled()  # once a stream: its prefill is over
+                    _check_first_event(chunk, model)
                 last = now
                 line = self._stream_usage(ex, line, chunk)
                 if reshape:
@@ -435,6 +436,14 @@ def _same_model(data: bytes, name: str) -> bool:
         return True  # not JSON: nothing names a model
     got = obj.get("model") if isinstance(obj, dict) else None
     return not isinstance(got, str) or got == name
+
+
+def _check_first_event(chunk: bytes, name: str) -> None:
+    """A stream's first chunk: its first event, when whole, names no model or ``name``."""
+    start = chunk.find(b"data:")
+    end = chunk.find(b"\n", start)
+    if start >= 0 and end > start and not _same_model(chunk[start + 5 : end], name):
+        raise over("model", "worker answered for another model")
 
 
 def _usage_of(obj: dict[str, Any]) -> object:
