@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 
     from gpupool.gateway.services import Services
 
-PAGE_PATHS = frozenset({"/ui", "/ui/app.js", "/ui/app.css"})  # served without a key
+# served without a key (security/middleware.py opens them); /ui/ is redirected to /ui
+PAGE_PATHS = frozenset({"/ui", "/ui/", "/ui/app.js", "/ui/app.css"})
 EVERY_S = 2.0  # a snapshot at least this often (and at once when a worker changes state)
 MAX_STREAMS = 16  # open pool pages per gateway; more get 429
 # A stream ends after this long and the page opens the next at once: uvicorn's graceful

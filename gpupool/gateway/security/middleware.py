@@ -22,13 +22,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpupool.config.models import ApiKey, AuthConfig
 from gpupool.gateway.api.errors import reject
+from gpupool.gateway.api.ui_routes import PAGE_PATHS
 from gpupool.gateway.errors import Forbidden, GatewayError, Unauthorized
 from gpupool.gateway.security.keys import KeyStore, Principal, presented_key
 
 if TYPE_CHECKING:
     from gpupool.gateway.services import Services
 
-_ALWAYS_OPEN = frozenset({"/health", "/ui", "/ui/app.js", "/ui/app.css"})
+_ALWAYS_OPEN = frozenset({"/health"}) | PAGE_PATHS
 
 
 @dataclass(frozen=True, slots=True)

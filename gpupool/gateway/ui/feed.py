@@ -62,6 +62,12 @@ class Sampler:
                 self.points.setdefault(name, deque(maxlen=keep)).append((at_ms, round(rate, 2)))
         self.last, self.last_at = dict(totals), now
 
+    def keep(self, names: set[str]) -> None:
+        """Forget the series of names gone (workers a reload or discovery removed)."""
+        for name in [n for n in self.points if n not in names]:
+            del self.points[name]
+            self.last.pop(name, None)
+
     def series(self, name: str) -> list[tuple[int, float]]:
         return list(self.points.get(name, ()))
 
@@ -157,6 +163,8 @@ class PoolFeed:
         self.tokens.add(completion, now, at)
         refused = _totals(m.admission.family.collect(), "model", {"decision": "rejected"})
         self.rejected.add(refused, now, at)
+        self.tokens.keep({w.name for w in self.svc.registry})
+        self.rejected.keep({model.name for model in self.svc.cfg.models})
 
     async def _refresh_gpus(self) -> None:
         now = time.monotonic()

@@ -149,3 +149,5 @@ def test_open_admin_api_on_loopback_serves_the_page_without_a_key(tmp_path: Path
 
 def test_page_asks_for_the_key_when_auth_is_on(gw: Pool) -> None:
     assert '<meta name="gpupool-admin" content="key">' in httpx.get(gw.url + "/ui").text
+    r = httpx.get(gw.url + "/ui/", follow_redirects=True)  # a trailing slash finds it too
+    assert r.status_code == 200 and r.url.path == "/ui"

@@ -138,6 +138,8 @@ def test_actions_without_the_key_are_refused(page: tuple[Pool, Any, Path]) -> No
     wait(driver, lambda d: "refused that key" in _css(d, "#login-why").text,
          message="a wrong key was not refused")  # fmt: skip
     assert not _css(driver, "#pool").is_displayed()
+    refused = console_errors(driver)  # the browser logs each refused request: only those
+    assert refused and all("status of 401" in e["message"] for e in refused), refused
 
 
 def test_the_page_follows_a_killed_worker(page: tuple[Pool, Any, Path]) -> None:
@@ -157,3 +159,28 @@ def test_the_page_follows_a_killed_worker(page: tuple[Pool, Any, Path]) -> None:
     wait(driver, lambda d: rid in _css(d, "#errors").text, message="the failure is not listed")
     assert f"answered {r.status_code}" in _text(driver, "#errors")
     assert_nothing_held(p.url, ADMIN_H)
+
+
+def test_keyboard_reaches_the_buttons_and_a_cancelled_confirmation_does_nothing(
+    page: tuple[Pool, Any, Path],
+) -> None:
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support import expected_conditions as ec
+
+    p, driver, _ = page
+    _log_in(p, driver)
+    body = _css(driver, "body")
+    for _ in range(10):  # Tab from the top until the first worker's Drain button has focus
+        body = driver.switch_to.active_element
+        if body.get_attribute("data-action") == "drain":
+            break
+        body.send_keys(Keys.TAB)
+    focused = driver.switch_to.active_element
+    assert focused.get_attribute("data-action") == "drain", "Tab never reached a Drain button"
+    outline = driver.execute_script("return getComputedStyle(document.activeElement).outlineStyle")
+    assert outline not in ("", "none"), "the focused button shows no outline"
+    focused.send_keys(Keys.ENTER)
+    wait(driver, ec.alert_is_present(), message="Enter did not ask for a confirmation").dismiss()
+    assert _state(driver, "w1") == "ready"  # the first card's button: w1's
+    assert httpx.get(p.url + "/admin/workers/w1", headers=ADMIN_H).json()["state"] == "ready"
+    assert console_errors(driver) == []
