@@ -36,6 +36,7 @@ def _guarded(r: httpx.Response) -> None:
     assert directives["default-src"] == "'none'"
     assert directives["script-src"] == "'self'" and directives["style-src"] == "'self'"
     assert directives["connect-src"] == "'self'" and directives["frame-ancestors"] == "'none'"
+    assert directives["form-action"] == "'none'"  # the key form is never submitted, even sans JS
     assert "unsafe-inline" not in csp and "unsafe-eval" not in csp and "http" not in csp
     assert r.headers["x-frame-options"] == "DENY"
     assert r.headers["x-content-type-options"] == "nosniff"
@@ -64,6 +65,8 @@ def test_html_has_no_inline_script_style_or_outside_origin() -> None:
     assert all('src="/ui/' in t for t in re.findall(r"<script\b[^>]*>", html))
     assert not re.search(r"\sstyle\s*=", html) and "<style" not in html
     assert not re.search(r"\son[a-z]+\s*=", html), "an inline event handler"
+    (key_input,) = re.findall(r"<input\b[^>]*>", html)  # no name: a form never sends the key
+    assert 'type="password"' in key_input and "name=" not in key_input
     for name in ("index.html", "app.js", "app.css"):
         text = (UI / name).read_text().replace("http://www.w3.org/2000/svg", "")
         assert not re.search(r"https?://|//[a-z0-9.-]+\.[a-z]{2,}/", text), (
