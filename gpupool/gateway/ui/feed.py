@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from gpupool.config.models import GpupoolConfig
     from gpupool.gateway.services import Services
 
+log = logging.getLogger("gpupool.ui")
+
 SAMPLE_S = 5.0  # tokens/s and 429s sampled this often
 HISTORY_S = 300.0  # tokens/s kept this long (the page's chart)
 GPU_EVERY_S = 10.0  # NVML read at most this often (off the loop)
@@ -152,8 +154,11 @@ class PoolFeed:
 
     async def _sample_forever(self) -> None:
         while True:
-            self.sample()
-            await self._refresh_gpus()
+            try:
+                self.sample()
+                await self._refresh_gpus()
+            except Exception:  # the page loses a point; the gateway goes on
+                log.debug("pool feed: sampling failed", exc_info=True)
             await asyncio.sleep(SAMPLE_S)
 
     def sample(self) -> None:
