@@ -214,19 +214,19 @@ def test_an_invalid_config_changes_nothing_and_says_where(stack: Stack) -> None:
 
 
 def test_the_reply_lists_what_changed_and_what_needs_a_restart(stack: Stack) -> None:
-    stack.edit(server={"max_sequences": 2, "port": 1}, queue={"max_queued": 5},
+    stack.edit(server={"max_sequences": 2, "port": 1}, queue={"max_queued": 5, "lease_ttl_s": 4},
                routing={"retries": 0})  # fmt: skip
     r = stack.reload()
     assert r.status_code == 200, r.text
     settings = r.json()["settings"]
-    assert settings["applied"] == ["server.max_sequences", "routing.retries"]
-    assert settings["restart_required"] == ["server.port", "queue.max_queued"]
+    assert settings["applied"] == ["server.max_sequences", "queue.max_queued", "routing.retries"]
+    assert settings["restart_required"] == ["server.port", "queue.lease_ttl_s"]
     # applied: three embedding inputs are now over the limit of 2 sequences
     with pytest.raises(openai.BadRequestError, match="max_sequences"):
         stack.client(ALICE).embeddings.create(model=MODEL, input=["a", "b", "c"])
     # not applied, so the next reload reports it again until a restart
     again = stack.reload().json()["settings"]
-    assert again == {"applied": [], "restart_required": ["server.port", "queue.max_queued"]}
+    assert again == {"applied": [], "restart_required": ["server.port", "queue.lease_ttl_s"]}
 
 
 def test_an_admin_key_change_applies_at_once(stack: Stack) -> None:
