@@ -107,13 +107,13 @@ def test_queued_stream_gets_comments_and_disconnect_is_never_executed(
                 await asyncio.sleep(0.3)
                 # A queued stream that leaves after its first comment.
                 opt_in = {"x-gpupool-queue-events": "true"}
-                early = {"x-request-id": "left-early", **opt_in}
-                async with client.stream("POST", url, json=body, headers=early) as r:
+                early = {**body, "prompt": "left-early"}  # the worker sees the gateway's ids
+                async with client.stream("POST", url, json=early, headers=opt_in) as r:
                     first = await r.aiter_raw().__anext__()
                 # A queued stream that stays: comments, then the answer.
                 lines: list[bytes] = []
-                stayed = {"x-request-id": "stayed", **opt_in}
-                async with client.stream("POST", url, json=body, headers=stayed) as r:
+                stayed = {**body, "prompt": "stayed"}
+                async with client.stream("POST", url, json=stayed, headers=opt_in) as r:
                     async for chunk in r.aiter_raw():
                         lines += [x for x in chunk.split(b"\n") if x]
                 await holder
@@ -123,8 +123,8 @@ def test_queued_stream_gets_comments_and_disconnect_is_never_executed(
         assert first_was_comment
         assert any(x.startswith(b": queued position=") for x in lines)
         assert lines[-1] == b"data: [DONE]"
-        ids = _stats(w)["request_ids"]
-        assert "stayed" in ids and "left-early" not in ids
+        prompts = _stats(w)["prompts"]
+        assert "stayed" in prompts and "left-early" not in prompts
 
 
 def test_queued_stream_that_times_out_is_a_real_429_the_sdk_retries(
@@ -193,7 +193,7 @@ def test_priority_then_tenant_fairness_order(backend: dict[str, Any], tmp_path: 
                 await asyncio.gather(*tasks)
 
         asyncio.run(scenario())
-        order = _stats(w)["request_ids"]
+        order = _stats(w)["prompts"]  # each request's prompt is its name
         assert order[0] == "hold"
         assert order[1] == "urgent"  # lower priority value first
         # the chat tenant's only request is not stuck behind the batch tenant's four

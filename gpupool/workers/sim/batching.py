@@ -125,6 +125,7 @@ class StepEngine(Engine):
     def enqueue(self, adm: Admission) -> Seq:
         seq = Seq(adm)
         self.stats.request_ids.append(adm.tracking_id)
+        self.stats.prompts.append(adm.label)
         self.waiting.append(seq)
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._steps())

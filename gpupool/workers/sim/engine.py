@@ -33,6 +33,7 @@ class Admission:
     hold_s: float = 0.0
     arrival: float = 0.0
     output_lens: tuple[int, ...] = ()  # each choice's planned tokens (the GPU engine's pace)
+    label: str = ""  # the prompt's start, for /sim/stats (a gateway replaces request ids)
 
 
 class Pacer(Protocol):
@@ -61,6 +62,7 @@ class Stats:
     aborted_total: int = 0
     completed_total: int = 0
     request_ids: list[str] = field(default_factory=list)
+    prompts: list[str] = field(default_factory=list)  # each started request's ``label``
 
 
 class Slots:
@@ -138,6 +140,7 @@ class Engine:
         now = time.monotonic()
         stats = self.stats
         stats.request_ids.append(adm.tracking_id)
+        stats.prompts.append(adm.label)
         stats.peak_running = max(stats.peak_running, self.slots.running)
         m = self.metrics
         m.queue_time.observe(now - adm.arrival if adm.arrival else 0.0)
@@ -176,6 +179,7 @@ class Engine:
             "aborted_total": s.aborted_total,
             "completed_total": s.completed_total,
             "request_ids": s.request_ids,
+            "prompts": s.prompts,
         }
 
 

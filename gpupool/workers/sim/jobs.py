@@ -119,7 +119,7 @@ class JobBuilder:
         base = meta.request_id or secrets.token_hex(8)  # vLLM: 16 hex digits
         planned = sum(len(o.pieces) for o in outputs)
         lens = tuple(len(o.pieces) for o in outputs)
-        adm = Admission(base, pieces, planned, meta.hold_s, meta.arrival, lens)
+        adm = Admission(base, pieces, planned, meta.hold_s, meta.arrival, lens, prompt[:64])
         job = Job(prefix + base, int(time.time()), self.names[0], prompt, len(pieces), outputs, adm)
         job.fingerprint = self.fingerprint
         return job
