@@ -409,13 +409,23 @@ class RoutingConfig(_Strict):
         description="Affinity is ignored when its worker is this loaded (1: only when full; a "
         "conversation moved re-reads its whole history).",
     )
+    affinity_max_lead: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="A conversation returns to its worker while that worker is at most this "
+        "share of its capacity busier than the least busy candidate. 0 (the default): only "
+        "while it is among the least busy, so no worker is filled past its neighbour; when "
+        "every worker is full the conversation is still first in line for its own "
+        "(`affinity_wait_s`). Higher keeps more conversations on their cache at the cost of "
+        "uneven load (tokens/s on GPUs).",
+    )
     affinity_wait_s: float = Field(
         2.0,
         ge=0,
-        description="When a conversation's worker is full of the gateway's own requests (and "
-        "`affinity_max_load` is 1), its next request waits up to this long for a slot there "
-        "before it takes any worker's: one frees within a request's time, while another worker "
-        "would prefill the whole history cold (0: move at once).",
+        description="While every candidate is full, a queued conversation is first in line for "
+        "its own worker's next slot for up to this long; a slot that frees elsewhere still goes "
+        "to it when no other waiter takes it, so no slot stays empty (0: plain queue order).",
     )
     window_reserve_s: float = Field(
         60.0,
@@ -499,46 +509,6 @@ class AuthConfig(_Strict):
         "`finish` (they run to their end) or `cut` (each ends at its next event with an error "
         "event). Its queued requests are always refused (401) and new ones get 401.",
     )
-
-
-class GpuCard(_Strict):
-    """The card behind one GPU index, for planning where NVML cannot say (``gpupool plan`` and
-    ``check`` on a laptop). NVML's answer wins on a machine that has one."""
-
-    name: str | None = Field(
-        default=None,
-        description="The card as NVML names it or a short form: `RTX PRO 6000`, `RTX 5090`, "
-        "`H100`, `H200` (`gpupool plan --help` lists them).",
-    )
-    memory_gb: float | None = Field(
-        default=None, gt=0, description="Its memory in GiB, as nvidia-smi's MiB / 1024."
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _short_form(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return {"name": value}
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return {"memory_gb": value}
-        return value
-
-    @model_validator(mode="after")
-    def _known(self) -> GpuCard:
-        if self.name is None and self.memory_gb is None:
-            raise ValueError("give the card's `name` or its `memory_gb`")
-        if self.name is not None and self.memory_gb is None:
-            from gpupool.workers.planner.errors import PlanArgsError
-            from gpupool.workers.planner.gpu_catalog import known_gpu_names, lookup_gpu
-
-            try:
-                lookup_gpu(self.name)
-            except PlanArgsError:
-                raise ValueError(
-                    f"unknown card `{self.name}` (known: {known_gpu_names()}); "
-                    "give `memory_gb` instead"
-                ) from None
-        return self
 
 
 class CacheSharing(StrEnum):

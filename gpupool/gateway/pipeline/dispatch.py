@@ -147,7 +147,7 @@ class Dispatcher:
         if not remaining:
             raise UpstreamUnavailable("The worker failed and no other worker can take it.")
         plan.ticket.candidates = remaining
-        plan.ticket.first_wait_s = 0.0  # the failed worker may have been the one to wait for
+        plan.ticket.prefer_s = 0.0  # the failed worker may have been the one preferred
         ex.lease = await self.slots.take(plan.ticket)
 
     def broke(self, ex: Exchange, e: UpstreamFailure) -> None:

@@ -44,7 +44,7 @@ from gpupool.gateway.pipeline.stored import StoredResponses
 from gpupool.gateway.reply import SSE, Reply
 from gpupool.gateway.routing.policy import Router, RouteRequest
 from gpupool.gateway.security.keys import Principal
-from gpupool.gateway.security.limits import NO_HOLD, KeyLimits
+from gpupool.gateway.security.limits import NO_HOLD, Hold, KeyLimits
 from gpupool.gateway.security.revoke import KeyRequests
 from gpupool.gateway.tenancy.cache import CacheScope
 from gpupool.gateway.tenancy.owners import Owners, build_owners
@@ -118,6 +118,7 @@ class Pipeline:
             hold = NO_HOLD  # no key: no key limits to take
         else:
             hold = await self.key_limits.admit(principal, self._reserve(plan, req))
+        await self._place_again(plan, hold)
         if plan.stream and ctx.queue_events:
             queued = QueuedStream(plan, hold, self.slots, self.deps, self.relay,
                                   principal, self.key_requests)  # fmt: skip
@@ -170,7 +171,7 @@ class Pipeline:
         if ctx.max_wait_s is not None:
             wait = min(wait, ctx.max_wait_s)
         ticket = Ticket(ctx.request_id, model.name, ctx.tenant, ctx.priority, names, wait,
-                        req.stream, decision.first_wait_s)  # fmt: skip
+                        req.stream, decision.prefer_s)  # fmt: skip
         transform = self._transform(kind, req, model)
         plan = Plan(kind, model, route, body, req.stream, ctx, ticket, transform, strip_usage)
         plan.sequences = req.sequences if kind.generates else 0  # bounds the usage it may report
@@ -183,6 +184,21 @@ class Pipeline:
             )
             plan.gated = tokens >= gate.min_tokens
         return plan
+
+    async def _place_again(self, plan: Plan, hold: Hold) -> None:
+        """After the key limits awaited, the ticket's candidates ranked again right before the
+        slot is taken (no await between unless it fails): a decision sees every request placed
+        before it, as its worker's ``inflight`` counts it from ``take_now``. Without key
+        limits ``_plan``'s ranking is that already."""
+        if hold is NO_HOLD or plan.pinned:
+            return
+        try:
+            decision = self.candidates.decide(plan.route, plan.model.name)
+        except BaseException:
+            await hold.close(0)
+            raise
+        plan.ticket.candidates = [w.name for w in decision.candidates]
+        plan.ticket.prefer_s = decision.prefer_s
 
     def _rewrite(
         self, kind: Kind, req: Parsed, model: ModelConfig, ctx: Context, usage: bool
