@@ -110,8 +110,24 @@ def test_counts_survive_hostile_shapes(body: Any) -> None:
 
 def test_a_part_counts_wherever_it_nests() -> None:
     """Parts are found at any depth (a `tool_result`'s blocks, a content that is one part)."""
-    nested = {"messages": [{"role": "user", "content": [{"type": "tool_result", "content": [
-        {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}]}]}]}
+    nested = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "content": [
+                            {
+                                "type": "image",
+                                "source": {"type": "url", "url": "https://example.com/a.png"},
+                            }
+                        ],
+                    }
+                ],
+            }
+        ]
+    }
     assert count_media(nested) == MediaCounts(image=1)
     assert count_media({"messages": [{"content": {"type": "image_url"}}]}) == MediaCounts(image=1)
 

@@ -17,7 +17,6 @@ from gpupool.config.models import RoutingConfig
 from gpupool.workers.probe import probe, scrape_load
 from gpupool.workers.registry import SLEEP_STATES, Registry, Worker, WorkerState
 
-
 _NOT_MINE = frozenset({WorkerState.draining, WorkerState.stopped, *SLEEP_STATES})
 
 
