@@ -114,7 +114,8 @@ def test_drain_then_resume_from_the_buttons(page: tuple[Pool, Any, Path]) -> Non
     wait(driver, lambda d: "w1 (m): ✓ ready → ⇣ draining" in _changes(d),
          message="the page never showed w1 ready -> draining")  # fmt: skip
     wait(driver, lambda d: "Drain w1: done" in _css(d, "#result").text, message="no drain result")
-    assert _state(driver, "w1") in ("draining", "stopped")
+    shown = _state(driver, "w1")
+    assert shown in ("draining", "stopped"), (shown, _changes(driver))
     assert httpx.get(p.url + "/admin/workers/w1", headers=ADMIN_H).json()["state"] != "ready"
     _press(driver, "w1", "undrain")
     wait(driver, lambda d: _state(d, "w1") == "ready", message="w1 never ready again")
