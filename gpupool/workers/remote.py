@@ -60,6 +60,8 @@ class RemotePoller:
         if w.state in _NOT_MINE or w.url is None:
             return  # drained, or the swap group's to change (asleep, waking, falling asleep)
         result = await probe(self.session, w.url, w.model, self.cfg.health_timeout_s)
+        if w.state in _NOT_MINE:
+            return  # drained (or put to sleep) while the probe ran: its answer is stale
         if result.ready:
             w.consecutive_failures = 0
             w.max_model_len = result.max_model_len
