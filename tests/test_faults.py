@@ -89,7 +89,8 @@ def test_worker_killed_while_idle(tmp_path: Path) -> None:
     a, b = (sim(model=MODEL, tmp=tmp_path, max_num_seqs=8) for _ in range(2))
     gw = gateway(gateway_config([("a", a, 4), ("b", b, 4)], routing=NO_AFFINITY), tmp_path)
     with running(a, b), running(gw, ready_path="/ready"):
-        warm = asyncio.run(_concurrent(gw.url, 8, "warm"))
+        # held 0.3 s each, so the eight overlap however slowly a busy machine sends them
+        warm = asyncio.run(_concurrent(gw.url, 8, "warm", {"x-sim-hold-ms": "300"}))
         assert {o.worker for o in warm} == {"a", "b"}, "both workers should have served"
         before = executed(a)
         a.kill()

@@ -89,3 +89,22 @@ async def test_a_cancelled_waiter_leaves_nothing(make: Make) -> None:
     for lease in busy:
         await adm.release(lease)
     await _all_back(adm)
+
+
+async def test_the_waiter_that_prefers_a_worker_passes_plain_ones_there(make: Make) -> None:
+    """Memory: `home` frees; a plain waiter queued earlier gets `other`'s next slot instead
+    (Redis: queue order). Both work-conserving."""
+    adm = await make(FakeWorkers(home=1, other=1))
+    busy = {w: await adm.acquire(ticket((w,))) for w in ("home", "other")}
+    plain = await enqueue(adm, ticket(("other", "home")))
+    homed = await enqueue(adm, replace(ticket(("home", "other")), prefer_s=5.0))
+    await adm.release(busy["home"])
+    done, _ = await asyncio.wait({plain, homed}, timeout=2, return_when=asyncio.FIRST_COMPLETED)
+    (got,) = done
+    assert got.result().worker == "home"
+    assert got is (homed if isinstance(adm, MemoryAdmission) else plain)
+    await adm.release(busy["other"])
+    rest = plain if got is homed else homed
+    await adm.release(await asyncio.wait_for(rest, 2))
+    await adm.release(got.result())
+    await _all_back(adm)

@@ -189,7 +189,12 @@ def test_background_responses_can_be_polled_and_cancelled(stack: dict[str, Any])
         background=True,
         extra_body={"ignore_eos": True},  # random weights may end it at once otherwise
     )
-    cancelled = a.responses.cancel(long.id)
+    try:
+        cancelled = a.responses.cancel(long.id)
+    except openai.BadRequestError as e:  # vLLM: it ended before the cancel came (a busy host)
+        assert "Cannot cancel" in str(e)
+        assert a.responses.retrieve(long.id).status in ("completed", "incomplete")
+        return
     assert cancelled.status == "cancelled"
     assert a.responses.retrieve(long.id).status == "cancelled"
 

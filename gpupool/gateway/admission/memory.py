@@ -249,24 +249,32 @@ class MemoryAdmission:
         return not (queue.presence.others(tenant) or queue.clock.others_waiting(tenant))
 
     def _first_allowed(self, worker: str) -> _Waiter | None:
-        """The first waiter eligible for ``worker`` that may take its next slot, passing over
-        those still first in line for another worker (``Ticket.prefer_s``) while one that is
-        not may take it; when none may, the first after all: a slot never stays empty."""
+        """The waiter eligible for ``worker`` that takes its next slot: the first that is still
+        first in line for this worker (``Ticket.prefer_s``), else the first that prefers no
+        other, else the first at all: a slot never stays empty. Each looked at only if it may
+        take the slot (reserved seats)."""
         capacity, held = self._workers.capacity(worker), self._held.get(worker, 0)
         first: _Waiter | None = None
-        now = 0.0
+        plain: _Waiter | None = None
+        now = -1.0
         for waiter in self._eligible.get(worker, ())[:RESERVE_SCAN]:
             if not self._may_take(worker, waiter.ticket, capacity, held):
                 continue
             ticket = waiter.ticket
-            if not ticket.prefer_s or ticket.candidates[0] == worker:
-                return waiter
             if first is None:
                 first = waiter
+            if not ticket.prefer_s:
+                if plain is None:
+                    plain = waiter
+                continue
+            if now < 0:
                 now = asyncio.get_running_loop().time()
-            if now - waiter.since >= ticket.prefer_s:
-                return waiter  # its preference has lapsed: plain queue order
-        return first
+            if now - waiter.since >= ticket.prefer_s:  # lapsed: plain queue order
+                if plain is None:
+                    plain = waiter
+            elif ticket.candidates[0] == worker:
+                return waiter
+        return plain or first
 
     def _take(self, worker: str, tenant: str) -> str:
         lid = f"{self.replica_id}|{next(self._ids)}"
