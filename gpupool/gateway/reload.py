@@ -32,6 +32,7 @@ from pydantic import BaseModel
 
 from gpupool.config import ConfigError, load_config
 from gpupool.config.models import ApiKey, GpupoolConfig
+from gpupool.config.swap import sleeps
 from gpupool.gateway.admission.base import LIVE_QUEUE
 from gpupool.gateway.catalog import Catalog
 from gpupool.gateway.errors import BadRequest
@@ -91,6 +92,12 @@ async def reload_config(svc: Services) -> dict[str, Any]:
         raise BadRequest(f"The new configuration is invalid; nothing changed: {e}") from None
     except KeysFileError as e:
         raise BadRequest(f"The keys file is invalid; nothing changed: {e}") from None
+    if _swap_members(svc.cfg) != _swap_members(new):
+        raise BadRequest(
+            "The new configuration adds, removes or regroups sleep-mode workers (`sleep:` / "
+            "`swap_group:`), which takes a restart of gpupool (a worker the swap groups do not "
+            "know could be awake beside another on one GPU); nothing changed."
+        )
     async with svc.reload_lock:  # one reload at a time: each compares with the last one
         live = build_live(svc.cfg, new, auth)
         keys = _key_changes(svc.auth.state, auth)
@@ -198,6 +205,11 @@ def _key_changes(before: AuthState, after: AuthState) -> dict[str, list[str]]:
 
 def _differs(a: ApiKey, b: ApiKey) -> bool:
     return a.model_dump() != b.model_dump()
+
+
+def _swap_members(cfg: GpupoolConfig) -> set[tuple[str, str | None]]:
+    """The workers in swap groups, each with its group (formed at load for shared GPUs)."""
+    return {(w.name, w.swap_group) for w in cfg.workers if sleeps(w)}
 
 
 def _swap(svc: Services, live: Live, removed: list[str]) -> int:

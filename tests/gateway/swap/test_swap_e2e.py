@@ -22,6 +22,7 @@ import yaml
 from tests.conftest import RedisServer
 from tests.gateway.swap.tools import (
     Sampler,
+    launched,
     ledger_of,
     metric,
     serving,
@@ -233,6 +234,25 @@ def test_a_reload_that_changes_both_members_keeps_them_taking_turns(tmp_path: Pa
         seen = workers(gw)
         assert {w["swap_group"] for w in seen.values()} == {"gpu0"}
         assert sorted(w["state"] for w in seen.values()) == ["asleep", "ready"]
+    _clean(tmp_path)
+
+
+def test_a_reload_that_adds_a_member_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    """The swap groups are built at start: a worker they do not know could be awake beside the
+    holder. Reload says a restart is needed, and nothing changes."""
+    cfg = two_model_config(tmp_path)
+    with serving(cfg, tmp_path) as gw:
+        wait_states(gw, {"coder-w": "ready", "chat-w": "asleep"})
+        path = next(tmp_path.glob("gpupool-*.yaml"))
+        served = yaml.safe_load(path.read_text())
+        ledger = tmp_path / "gpu0-ledger.json"
+        served["models"].append({"name": "vision"})
+        served["workers"].append(launched("vision-w", "vision", ledger))
+        path.write_text(yaml.safe_dump(served))
+        r = httpx.post(gw.url + "/admin/reload", timeout=60)
+        assert r.status_code == 400 and "restart" in r.text, r.text
+        assert set(workers(gw)) == {"coder-w", "chat-w"}
+        assert _ask(_client(gw), "chat", False)  # the group still takes turns
     _clean(tmp_path)
 
 
