@@ -104,16 +104,23 @@ class Recorder:
 
     @contextmanager
     def running(self) -> Iterator[Recorder]:
-        config = uvicorn.Config(self, host="127.0.0.1", port=self.port, log_level="warning",
-                                lifespan="off")  # fmt: skip
-        server = uvicorn.Server(config)
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 10
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.02)
-        try:
+        with serve_in_thread(self, self.port):
             yield self
-        finally:
-            server.should_exit = True
-            thread.join(5)
+
+
+@contextmanager
+def serve_in_thread(app: Any, port: int) -> Iterator[None]:
+    """A uvicorn server for ``app`` on loopback ``port`` in a thread, stopped on exit."""
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                            lifespan="off")  # fmt: skip
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        yield
+    finally:
+        server.should_exit = True
+        thread.join(5)

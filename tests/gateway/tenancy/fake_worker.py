@@ -5,15 +5,13 @@ keeps ``/v1/responses`` responses as vLLM does: in its own memory, under the bod
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import uvicorn
-
+from tests.hostile_tools import serve_in_thread
 from tests.procs import free_port
 
 
@@ -114,19 +112,8 @@ class FakeWorker:
 
     @contextmanager
     def running(self) -> Iterator[FakeWorker]:
-        config = uvicorn.Config(self, host="127.0.0.1", port=self.port, log_level="warning",
-                                lifespan="off")  # fmt: skip
-        server = uvicorn.Server(config)
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 10
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.02)
-        try:
+        with serve_in_thread(self, self.port):
             yield self
-        finally:
-            server.should_exit = True
-            thread.join(5)
 
 
 def _not_found(rid: str) -> tuple[int, Any]:

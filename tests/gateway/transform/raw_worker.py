@@ -13,14 +13,11 @@ every body it receives.
 from __future__ import annotations
 
 import json
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import uvicorn
-
+from tests.hostile_tools import serve_in_thread
 from tests.procs import free_port
 
 SCRIPT = "<think>Let me see: 2 plus 2.</think>It is 4."
@@ -159,16 +156,5 @@ class RawWorker:
 
     @contextmanager
     def running(self) -> Iterator[RawWorker]:
-        config = uvicorn.Config(self, host="127.0.0.1", port=self.port, log_level="warning",
-                                lifespan="off")  # fmt: skip
-        server = uvicorn.Server(config)
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 10
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.02)
-        try:
+        with serve_in_thread(self, self.port):
             yield self
-        finally:
-            server.should_exit = True
-            thread.join(5)
