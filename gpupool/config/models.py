@@ -530,8 +530,10 @@ class TenancyConfig(_Strict):
         None,
         description="Secret keying the tenants' cache salts (HMAC-SHA256), so a worker's logs "
         "never show a tenant's name. Replicas in front of the same workers must share it. None: "
-        "derived from `auth.admin_key_sha256`, else random at each start (a restart then begins "
-        "with a cold cache).",
+        "derived from `auth.admin_key_sha256`, else generated once and kept: in Redis with "
+        "`queue.backend: redis` (every replica finds the same), else in "
+        "`<server.state_dir>/cache-salt-secret` (mode 0600), so reloads, restarts and replicas "
+        "keep each tenant's prefix cache warm.",
     )
     stored_response_ttl_s: float = Field(
         86400.0,

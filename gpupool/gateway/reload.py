@@ -41,6 +41,7 @@ from gpupool.gateway.security.keys import KeysFileError, key_name
 from gpupool.gateway.security.middleware import AuthState
 from gpupool.gateway.services import Services, discovery_hooks, make_worker
 from gpupool.gateway.tenancy.cache import CacheScope
+from gpupool.gateway.tenancy.secret import build_scope
 from gpupool.workers.discovery import Discovery
 
 log = logging.getLogger("gpupool.reload")
@@ -101,7 +102,10 @@ async def reload_config(svc: Services) -> dict[str, Any]:
     async with svc.reload_lock:  # one reload at a time: each compares with the last one
         live = build_live(svc.cfg, new, auth)
         keys = _key_changes(svc.auth.state, auth)
-        refused = _swap(svc, live, keys["removed_hashes"])
+        # isolated or not, by the tenants now; a generated secret is kept (``tenancy/secret.py``)
+        cache = await build_scope(live.cfg.tenancy, live.cfg.auth, auth.store.keys.values(),
+                                  svc.pipeline.salt_secret)  # fmt: skip
+        refused = _swap(svc, live, keys["removed_hashes"], cache)
         workers = await _workers(svc, new)
     return {
         "workers": workers,
@@ -212,7 +216,7 @@ def _swap_members(cfg: GpupoolConfig) -> set[tuple[str, str | None]]:
     return {(w.name, w.swap_group) for w in cfg.workers if sleeps(w)}
 
 
-def _swap(svc: Services, live: Live, removed: list[str]) -> int:
+def _swap(svc: Services, live: Live, removed: list[str], cache: CacheScope) -> int:
     """Every run-time setting at once (no ``await``); returns the queued requests refused."""
     svc.auth.swap(live.auth)
     svc.key_limits.default_reserve_tokens = live.cfg.auth.tpm_reserve_tokens
@@ -224,9 +228,7 @@ def _swap(svc: Services, live: Live, removed: list[str]) -> int:
     )
     svc.pipeline.candidates.router.configure(routing)
     svc.admission.configure(live.cfg.queue)
-    svc.pipeline.cache = CacheScope.from_config(  # isolated or not, by the tenants now
-        live.cfg.tenancy, live.cfg.auth, live.auth.store.keys.values()
-    )
+    svc.pipeline.cache = cache
     for section in type(live.cfg).model_fields:
         if section not in _WORKER_SECTIONS:
             setattr(svc.cfg, section, getattr(live.cfg, section))

@@ -23,6 +23,7 @@ from gpupool.gateway.security.limits import KeyLimits
 from gpupool.gateway.security.middleware import Authenticator
 from gpupool.gateway.security.revoke import KeyRequests
 from gpupool.gateway.swapping import build_swap, record_asleep
+from gpupool.gateway.tenancy.secret import build_scope
 from gpupool.gateway.upstream.client import UpstreamClient
 from gpupool.gateway.upstream.limits import WorkerLimits
 from gpupool.ops.sd_file import sd_file_path, sd_targets, write_sd_targets
@@ -112,6 +113,10 @@ class Services:
     async def start(self) -> None:
         self.write_sd_file()
         await self.admission.start()
+        # the salts' generated key, as the other replicas (or the last run) have it
+        keys = self.auth.store.keys.values()
+        cfg, secret = self.cfg, self.pipeline.salt_secret
+        self.pipeline.cache = await build_scope(cfg.tenancy, cfg.auth, keys, secret)
         if self.swap is not None:
             await self.swap.start()  # its groups read url: workers before the poller marks them
         await self.poller.start()

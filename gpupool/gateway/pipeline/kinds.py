@@ -89,6 +89,8 @@ KINDS: dict[str, Kind] = {
         Kind("/v1/messages/count_tokens", parse_model_body, errors=Errors.anthropic, thinking=True),
         Kind("/tokenize", parse_model_body),
         Kind("/detokenize", parse_model_body),
+        # /v2/embed: vLLM's Cohere request (``CohereEmbedRequest``) has no ``cache_salt`` and
+        # drops unknown fields, so a salt would be ignored there (README, Differences from vLLM)
         *(Kind(p, parse_model_body, salted=p != "/v2/embed") for p in _POOLING),
     )
 }

@@ -48,6 +48,7 @@ from gpupool.gateway.security.limits import NO_HOLD, Hold, KeyLimits
 from gpupool.gateway.security.revoke import KeyRequests
 from gpupool.gateway.tenancy.cache import CacheScope
 from gpupool.gateway.tenancy.owners import Owners, build_owners
+from gpupool.gateway.tenancy.secret import GeneratedSecret
 from gpupool.gateway.tokens import exact_count, upper_bound
 from gpupool.gateway.transform.chat import TransformOptions, normalize_request_messages
 from gpupool.gateway.transform.messages import thinking_switch
@@ -90,7 +91,10 @@ class Pipeline:
             WorkerLimits.of(cfg.server).max_event_bytes,
         )  # fmt: skip
         self.deps = ExchangeDeps(self.slots, registry, router, metrics)
-        self.cache = CacheScope.from_config(cfg.tenancy, cfg.auth)
+        # the salts' key when the config names none: kept for reloads and replicas, found in
+        # its store at start (``Services.start``, ``tenancy/secret.py``)
+        self.salt_secret = GeneratedSecret(cfg.queue, cfg.server.state_dir)
+        self.cache = CacheScope.from_config(cfg.tenancy, cfg.auth, generated=self.salt_secret.value)
         self.stored = StoredResponses(self, owners or build_owners(cfg.tenancy, cfg.queue))
         s = cfg.server
         self.read_limits = ReadLimits(s.max_json_depth, s.max_n, s.max_sequences,

@@ -15,7 +15,8 @@ one reuses its KV blocks and its first token comes sooner. Across tenants that i
 
 ``tenancy.cache: shared`` turns all of it off (one organisation sharing its cache on purpose);
 ``auto`` isolates when auth is on and its keys name more than one tenant; a reload that adds or
-removes tenants (or changes ``tenancy.cache`` or ``salt_secret``) decides again.
+removes tenants (or changes ``tenancy.cache`` or ``salt_secret``) decides again. Without a
+configured secret the gateway generates one and keeps it for reloads and replicas (``secret.py``).
 """
 
 from __future__ import annotations
@@ -59,16 +60,17 @@ class CacheScope:
 
     @classmethod
     def from_config(
-        cls, tenancy: TenancyConfig, auth: AuthConfig, keys: Iterable[ApiKey] | None = None
+        cls,
+        tenancy: TenancyConfig,
+        auth: AuthConfig,
+        keys: Iterable[ApiKey] | None = None,
+        generated: bytes | None = None,
     ) -> CacheScope:
-        """As configured; ``keys``: the client keys already loaded (a reload's), if any."""
-        if tenancy.cache is CacheSharing.shared:
-            isolated = False
-        elif tenancy.cache is CacheSharing.tenant:
-            isolated = True
-        else:
-            isolated = auth.enabled and len(tenants_of(auth, keys)) > 1
-        return cls(isolated, _secret(tenancy, auth))
+        """As configured; ``keys``: the client keys already loaded (a reload's), if any;
+        ``generated``: the secret when the config names none (``secret.py`` keeps one that
+        reloads and replicas share; without it, a random one of this scope's own)."""
+        secret = configured_secret(tenancy, auth) or generated or secrets.token_bytes(32)
+        return cls(isolates(tenancy, auth, keys), secret)
 
     def owner(self, tenant: str) -> str | None:
         """The name prefix-affinity keys carry: the tenant when isolated, else None."""
@@ -108,10 +110,21 @@ def check_client_salt(value: object) -> None:
         )
 
 
-def _secret(tenancy: TenancyConfig, auth: AuthConfig) -> bytes:
+def isolates(tenancy: TenancyConfig, auth: AuthConfig, keys: Iterable[ApiKey] | None) -> bool:
+    """Whether each tenant gets a prefix cache of its own under these settings."""
+    if tenancy.cache is CacheSharing.shared:
+        return False
+    if tenancy.cache is CacheSharing.tenant:
+        return True
+    return auth.enabled and len(tenants_of(auth, keys)) > 1
+
+
+def configured_secret(tenancy: TenancyConfig, auth: AuthConfig) -> bytes | None:
+    """The salts' key the config gives (``salt_secret``, else derived from the admin key's
+    hash); None when the gateway must generate one (``secret.py``)."""
     if tenancy.salt_secret:
         return tenancy.salt_secret.encode()
     if auth.admin_key_sha256:
         admin = auth.admin_key_sha256.lower().encode()
         return hashlib.sha256(b"gpupool cache salt\0" + admin).digest()
-    return secrets.token_bytes(32)
+    return None

@@ -48,7 +48,7 @@ class FakeWorker:
         method, path = scope["method"], scope["path"]
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         body = json.loads(raw) if raw else {}
-        if (path.startswith("/v1/") and path != "/v1/models") or path == "/tokenize":
+        if (path.startswith(("/v1/", "/v2/")) and path != "/v1/models") or path == "/tokenize":
             self.seen.append(
                 Seen(method, path, scope["query_string"].decode(), headers, body, time.monotonic())
             )

@@ -191,6 +191,16 @@ def test_routes_without_a_cache_get_no_salt(pool: Pool) -> None:
     assert all("cache_salt" not in s.body for s in pool.w1.seen + pool.w2.seen)
 
 
+def test_v2_embed_is_sent_as_is_since_vllm_drops_a_salt_there(pool: Pool) -> None:
+    """vLLM's Cohere request (`CohereEmbedRequest`) has no `cache_salt` and ignores unknown
+    fields: the gateway sets none there (README, Differences from vLLM)."""
+    for key, extra in ((A1, {}), (B, {"cache_salt": "mine"})):
+        r = _post(pool, "/v2/embed", key, {"model": MODEL, "texts": ["hi"], **extra})
+        assert r.status_code == 200, r.text
+        assert pool.seen()[-1].path == "/v2/embed"
+        assert pool.seen()[-1].body.get("cache_salt") == extra.get("cache_salt")
+
+
 def test_a_client_salt_is_mixed_into_its_tenants_and_checked(pool: Pool) -> None:
     body = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
     mine = []
