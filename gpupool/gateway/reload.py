@@ -1,9 +1,11 @@
 """Config reload: the whole file is read and checked first, then what may change at run time is
 swapped in one step, then workers are added, removed and replaced.
 
-    POST /admin/reload (or SIGHUP, under ``gpupool serve``) → reload_config(svc)
-      1. read and validate the file, and the keys file it names: any problem refuses the whole
-         reload (400 naming the file, the field or the line) and nothing changes;
+    POST /admin/reload (or SIGHUP, under ``gpupool serve``) → reload_config(svc), one at a time
+      1. read and validate the file, and the keys file it names, under the reload lock (two
+         overlapping reloads: the later one reads the files last, so the newest files win);
+         any problem refuses the whole reload (400 naming the file, the field or the line)
+         and nothing changes;
       2. build everything the new settings need (``build_live``: the keys, the read limits);
       3. swap it all without an ``await`` in between (``_swap``): a request sees the old
          settings or the new ones, never a mix; the queued requests of removed keys are refused;
@@ -26,6 +28,7 @@ import logging
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -86,20 +89,10 @@ async def reload_config(svc: Services) -> dict[str, Any]:
     """Re-read the config file (and its keys file) and apply it; ``BadRequest`` if invalid."""
     if svc.config_path is None:
         raise BadRequest("This gateway was not started from a config file.")
-    try:
-        new = await asyncio.to_thread(load_config, svc.config_path)
-        auth = await asyncio.to_thread(AuthState.build, new.auth)
-    except ConfigError as e:
-        raise BadRequest(f"The new configuration is invalid; nothing changed: {e}") from None
-    except KeysFileError as e:
-        raise BadRequest(f"The keys file is invalid; nothing changed: {e}") from None
-    if _swap_members(svc.cfg) != _swap_members(new):
-        raise BadRequest(
-            "The new configuration adds, removes or regroups sleep-mode workers (`sleep:` / "
-            "`swap_group:`), which takes a restart of gpupool (a worker the swap groups do not "
-            "know could be awake beside another on one GPU); nothing changed."
-        )
-    async with svc.reload_lock:  # one reload at a time: each compares with the last one
+    # One reload at a time, each comparing with the last one. The files are read inside the
+    # lock: read before it, a reload that waited could apply an older read over a newer one.
+    async with svc.reload_lock:
+        new, auth = await _read(svc, svc.config_path)
         live = build_live(svc.cfg, new, auth)
         keys = _key_changes(svc.auth.state, auth)
         # isolated or not, by the tenants now; a generated secret is kept (``tenancy/secret.py``)
@@ -113,6 +106,24 @@ async def reload_config(svc: Services) -> dict[str, Any]:
         "keys": {k: v for k, v in keys.items() if k != "removed_hashes"},
         "queued_refused": refused,
     }
+
+
+async def _read(svc: Services, path: str | Path) -> tuple[GpupoolConfig, AuthState]:
+    """The config file and its keys file, read now and checked against the running config."""
+    try:
+        new = await asyncio.to_thread(load_config, path)
+        auth = await asyncio.to_thread(AuthState.build, new.auth)
+    except ConfigError as e:
+        raise BadRequest(f"The new configuration is invalid; nothing changed: {e}") from None
+    except KeysFileError as e:
+        raise BadRequest(f"The keys file is invalid; nothing changed: {e}") from None
+    if _swap_members(svc.cfg) != _swap_members(new):
+        raise BadRequest(
+            "The new configuration adds, removes or regroups sleep-mode workers (`sleep:` / "
+            "`swap_group:`), which takes a restart of gpupool (a worker the swap groups do not "
+            "know could be awake beside another on one GPU); nothing changed."
+        )
+    return new, auth
 
 
 def reload_on_sighup(svc: Services) -> Callable[[], None]:
