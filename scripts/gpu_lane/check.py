@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import os
 import shutil
 import sys
 import time
@@ -99,10 +100,20 @@ SLEEP: list[Step] = [
     ("cold_restart", lane_sleep.cold_restart, 100, True),
     ("alternate", lane_sleep.alternate, 60, True),
     ("switch_l2", lane_sleep.switch_l2, 40, True),
+    ("idle", lane_sleep.idle, 50, True),
+    ("mixed", lane_sleep.mixed, lane_sleep.MIXED_S + 20, True),
+    ("stop", lane_steps.stop, 0, False),
+]
+# issue 28: the hybrid MoE beside a dense 8B in one swap group (configs/sleep-hybrid-1gpu.yaml)
+SLEEP_HYBRID: list[Step] = [
+    ("hardware", lane_steps.hardware, 5, False),
+    ("launch", lane_sleep.launch, 200, False),
+    ("switch_l1", lane_sleep.switch_l1, 30, True),
+    ("alternate", partial(lane_sleep.alternate, n=20), 40, True),
     ("stop", lane_steps.stop, 0, False),
 ]
 PHASES = {"dense": DENSE, "hybrid": HYBRID, "throughput": THROUGHPUT, "init": INIT,
-          "sleep": SLEEP}  # fmt: skip
+          "sleep": SLEEP, "sleep-hybrid": SLEEP_HYBRID}  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -123,11 +134,22 @@ def setup(args: argparse.Namespace) -> tuple[Lane, Path, dict[str, Any], Path]:
     work = args.work / args.phase
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
+    if os.environ.get("LANE_SHARE_CACHE") == "1":
+        # phases run one after another share gpupool's GPU-keyed compile/Triton cache (as one
+        # machine's state dir would), so a shape served before starts warm; off by default: the
+        # hybrid phase measures a cold cache on purpose
+        (args.work / "cache").mkdir(parents=True, exist_ok=True)
+        (work / "state").mkdir()
+        (work / "state" / "cache").symlink_to(args.work / "cache")
     args.out.mkdir(parents=True, exist_ok=True)
     lane = Lane(args.phase, args.out, work, time.monotonic() + args.budget_s)
     lane.log_path.unlink(missing_ok=True)
     model_dir = prepare_model(args.shape, args.tokenizer, work / "model")
-    cfg = effective_config(args.config, model_dir, work / "state", args.port)
+
+    def shape_dir(name: str) -> Path:
+        return prepare_model(HERE / "shapes" / name, args.tokenizer, work / f"model-{name}")
+
+    cfg = effective_config(args.config, model_dir, work / "state", args.port, shape_dir)
     config_path = work / "gpupool.yaml"
     config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     lane.put(

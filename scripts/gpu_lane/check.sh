@@ -7,6 +7,8 @@
 #   bash scripts/gpu_lane/check.sh throughput  # the dense model: steady-state tokens/s only
 #   bash scripts/gpu_lane/check.sh init     # `gpupool init` on the GPUs found, check, serve it,
 #                                           # one request, init's KV figure against vLLM's
+#   bash scripts/gpu_lane/check.sh sleep    # two 8B-shaped models in one swap group (issue 28)
+#   bash scripts/gpu_lane/check.sh sleep-hybrid  # the hybrid MoE beside a dense 8B, one group
 #
 # Environment: OUT (where the report goes; the device tool sets it), LANE_BUDGET_S (seconds for
 # the whole command, install included; default 560), LANE_SHAPE / LANE_CONFIG to override the
@@ -23,7 +25,8 @@ case $phase in
   dense|throughput|init) shape=${LANE_SHAPE:-$here/shapes/dense-8b-like}; config=${LANE_CONFIG:-$dense_config} ;;
   hybrid) shape=${LANE_SHAPE:-$here/shapes/hybrid-moe-35b-a3b-like}; config=${LANE_CONFIG:-$here/configs/hybrid-1gpu.yaml} ;;
   sleep) shape=${LANE_SHAPE:-$here/shapes/dense-8b-like}; config=${LANE_CONFIG:-$here/configs/sleep-1gpu.yaml} ;;
-  *) echo "usage: check.sh dense|hybrid|throughput|init|sleep" >&2; exit 2 ;;
+  sleep-hybrid) shape=${LANE_SHAPE:-$here/shapes/dense-8b-like}; config=${LANE_CONFIG:-$here/configs/sleep-hybrid-1gpu.yaml} ;;
+  *) echo "usage: check.sh dense|hybrid|throughput|init|sleep|sleep-hybrid" >&2; exit 2 ;;
 esac
 if [ "${LANE_REHEARSAL:-0}" != 1 ]; then
   bash "$here/install.sh" || exit 1

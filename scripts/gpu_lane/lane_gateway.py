@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +41,17 @@ def prepare_model(shape: Path, tokenizer: Path | None, dest: Path) -> Path:
     return dest
 
 
-def effective_config(config: Path, model_dir: Path, state_dir: Path, port: int) -> dict[str, Any]:
-    """The config as served: every launched worker on ``model_dir``, state under ``state_dir``."""
+def effective_config(
+    config: Path,
+    model_dir: Path,
+    state_dir: Path,
+    port: int,
+    shape_dir: Callable[[str], Path] | None = None,
+) -> dict[str, Any]:
+    """The config as served, state under ``state_dir``: every launched worker whose
+    ``model_path`` is ``MODEL`` on ``model_dir`` (the phase's shape), one with
+    ``SHAPE:<name>`` on ``shape_dir(name)`` (another shape of ``shapes/``, prepared the same way:
+    a config with two different models, as the sleep phase's hybrid beside a dense model)."""
     cfg = yaml.safe_load(config.read_text())
     server = cfg.setdefault("server", {})
     server.update(
@@ -53,8 +63,14 @@ def effective_config(config: Path, model_dir: Path, state_dir: Path, port: int) 
         }
     )
     for w in cfg.get("workers", []):
-        if w.get("launch"):
-            w["launch"]["model_path"] = str(model_dir)
+        launch = w.get("launch")
+        if not launch:
+            continue
+        path = str(launch.get("model_path", "MODEL"))
+        if path.startswith("SHAPE:") and shape_dir is not None:
+            launch["model_path"] = str(shape_dir(path.removeprefix("SHAPE:")))
+        else:
+            launch["model_path"] = str(model_dir)
     return cfg
 
 

@@ -1,16 +1,24 @@
-"""The sleep phase (issue 28): two 8B-shaped models taking turns on one GPU through gpupool.
+"""The sleep phase (issue 28): models taking turns on one GPU through gpupool.
 
-Steps: ``launch`` (start-up in turn: one ends ready, the other asleep), ``switch_l1`` (request
+Steps: ``launch`` (start-up in turn: one ends ready, the others asleep), ``switch_l1`` (request
 sent → first token for the sleeping model, level 1: the awake one's sleep plus this one's
 wake), ``cold_restart`` (the same through a restart of the worker: what a switch costs without
-sleep mode), ``alternate`` (50 requests alternating between the models: every one a switch; no
+sleep mode), ``alternate`` (requests alternating between the models: every one a switch; no
 failure allowed, GPU memory sampled against the card), ``switch_l2`` (level 2: the worker put to
-sleep with ``?level=2`` wakes by reloading its weights). Each step also gives the GPU's peak
-memory while it ran and gpupool's swap metrics.
+sleep with ``?level=2`` wakes by reloading its weights), ``idle`` (the awake worker falls asleep
+by itself after ``sleep.idle_s`` without requests; then a request wakes it: a wake with no sleep
+before it), ``mixed`` (``LANE_MIXED_S``, 600 s: closed-loop clients of every model at once,
+streamed and not; failures, first-token times, switches, how many members were ever on the GPU
+together, out-of-memory lines in the worker logs). Each step also gives the GPU's peak memory
+while it ran and gpupool's swap metrics.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
+import random
+import re
 import statistics
 import time
 from typing import Any
@@ -22,7 +30,12 @@ from lane_gateway import Gateway
 N_SWITCHES = 5
 N_ALTERNATE = 50
 N_LEVEL2 = 3
+MIXED_S = float(os.environ.get("LANE_MIXED_S", "600"))
+MIXED_CLIENTS = 6  # per model
 PROMPT = "Write one sentence about the sea."
+# states in which a member uses the GPU: never two of one group at once
+ON_GPU = ("ready", "waking", "falling_asleep")
+OOM = re.compile(r"out of memory|OutOfMemoryError|CUDA error", re.IGNORECASE)
 
 
 async def launch(ctx: Ctx) -> dict[str, Any]:
@@ -33,8 +46,10 @@ async def launch(ctx: Ctx) -> dict[str, Any]:
     settled = await gw.wait_states(names, {"ready", "asleep"}, max(10.0, ctx.lane.remaining() - 60))
     states = {n: gw.state(n) for n in names}
     t0 = gw.started_at
+    awake = sum(s == "ready" for s in states.values())
+    asleep = sum(s == "asleep" for s in states.values())
     return {
-        "settled": settled and sorted(states.values()) == ["asleep", "ready"],
+        "settled": settled and awake == 1 and asleep == len(states) - 1,
         "states": states,
         "settled_after_s": round(max(e["t"] for e in gw.timeline) - t0, 1) if gw.timeline else None,
         "workers": {n: _first_times(gw, n, t0) for n in names},
@@ -57,11 +72,23 @@ async def _workers(ctx: Ctx) -> dict[str, dict[str, Any]]:
 
 
 async def _models(ctx: Ctx) -> tuple[str, str]:
-    """(the awake model, a sleeping one)."""
+    """(the awake model, a sleeping one); with every member asleep (idle sleep), any two."""
     ws = await _workers(ctx)
-    awake = next(w["model"] for w in ws.values() if w["state"] == "ready")
-    asleep = next(w["model"] for w in ws.values() if w["model"] != awake)
+    models = sorted({w["model"] for w in ws.values()})
+    awake = next((w["model"] for w in ws.values() if w["state"] == "ready"), models[0])
+    asleep = next(m for m in models if m != awake)
     return awake, asleep
+
+
+async def _awake_worker(ctx: Ctx) -> tuple[str, str]:
+    """(name, model) of the worker on the GPU; one is woken (a request) if all are asleep."""
+    ws = await _workers(ctx)
+    for name, w in ws.items():
+        if w["state"] == "ready":
+            return name, w["model"]
+    name, w = sorted(ws.items())[0]
+    await first_token(ctx, w["model"], max_tokens=2)
+    return name, w["model"]
 
 
 async def first_token(ctx: Ctx, model: str, max_tokens: int = 16) -> dict[str, Any]:
@@ -88,6 +115,23 @@ async def first_token(ctx: Ctx, model: str, max_tokens: int = 16) -> dict[str, A
             "total_s": _r(time.monotonic() - t0), "chunks": chunks}  # fmt: skip
 
 
+async def whole_reply(ctx: Ctx, model: str, max_tokens: int) -> dict[str, Any]:
+    """A chat completion, not streamed: the whole reply (every token asked for: ignore_eos)."""
+    body = {"model": model, "messages": [{"role": "user", "content": PROMPT}],
+            "max_tokens": max_tokens, "ignore_eos": True}  # fmt: skip
+    t0 = time.monotonic()
+    try:
+        r = await ctx.client.post(ctx.gateway().url + "/v1/chat/completions", json=body,
+                                  timeout=600)  # fmt: skip
+        usage = r.json().get("usage", {}) if r.status_code == 200 else {}
+        tokens = usage.get("completion_tokens")
+    except Exception as e:  # recorded as the request's failure
+        return {"model": model, "ok": False, "error": f"{type(e).__name__}: {e}"}
+    ok = r.status_code == 200 and tokens == max_tokens
+    out = {"model": model, "ok": ok, "status": r.status_code, "total_s": _r(time.monotonic() - t0)}
+    return out if ok else out | {"body": r.text[:300]}
+
+
 async def switch_l1(ctx: Ctx) -> dict[str, Any]:
     t_from = ctx.lane.elapsed()
     switches, warm = [], []
@@ -99,6 +143,10 @@ async def switch_l1(ctx: Ctx) -> dict[str, Any]:
         warm.append(await first_token(ctx, asleep))  # the same model, now awake
     return {
         "switch_ttft": _stats([s.get("ttft_s") for s in switches]),
+        "switch_ttft_by_model": {
+            m: _stats([s.get("ttft_s") for s in switches if s["model"] == m])
+            for m in sorted({s["model"] for s in switches})
+        },
         "warm_ttft": _stats([s.get("ttft_s") for s in warm]),
         "failures": sum(not s["ok"] for s in switches + warm),
         "switches": switches,
@@ -111,9 +159,7 @@ async def cold_restart(ctx: Ctx) -> dict[str, Any]:
     """The awake worker restarted (what a switch costs without sleep mode): request sent at the
     restart → first token."""
     t_from = ctx.lane.elapsed()
-    ws = await _workers(ctx)
-    name = next(n for n, w in ws.items() if w["state"] == "ready")
-    model = ws[name]["model"]
+    name, model = await _awake_worker(ctx)
     t0 = time.monotonic()
     r = await ctx.gateway().admin(f"/admin/workers/{name}/restart", "POST", limit_s=120)
     reply = await first_token(ctx, model)
@@ -127,11 +173,11 @@ async def cold_restart(ctx: Ctx) -> dict[str, Any]:
     }
 
 
-async def alternate(ctx: Ctx) -> dict[str, Any]:
+async def alternate(ctx: Ctx, n: int = N_ALTERNATE) -> dict[str, Any]:
     t_from = ctx.lane.elapsed()
     awake, asleep = await _models(ctx)
     replies = []
-    for i in range(N_ALTERNATE):
+    for i in range(n):
         if ctx.lane.remaining() < 60:
             break
         replies.append(await first_token(ctx, asleep if i % 2 == 0 else awake, max_tokens=8))
@@ -140,7 +186,12 @@ async def alternate(ctx: Ctx) -> dict[str, Any]:
         "requests": len(replies),
         "failures": len(replies) - len(ok),
         "ttft": _stats([r.get("ttft_s") for r in ok]),
+        "ttft_by_model": {
+            m: _stats([r.get("ttft_s") for r in ok if r["model"] == m])
+            for m in sorted({r["model"] for r in ok})
+        },
         "failed": [r for r in replies if not r["ok"]][:5],
+        "oom_lines": _oom_lines(ctx),
         **await _swap_metrics(ctx),
         **_memory(ctx, t_from),
     }
@@ -155,9 +206,8 @@ async def switch_l2(ctx: Ctx) -> dict[str, Any]:
     for _ in range(N_LEVEL2):
         if ctx.lane.remaining() < 90:
             break
+        name, model = await _awake_worker(ctx)
         ws = await _workers(ctx)
-        name = next(n for n, w in ws.items() if w["state"] == "ready")
-        model = ws[name]["model"]
         other = next(w["model"] for w in ws.values() if w["model"] != model)
         slept = await ctx.gateway().admin(f"/admin/workers/{name}/sleep?level=2", "POST")
         woke_other = await first_token(ctx, other)
@@ -171,6 +221,118 @@ async def switch_l2(ctx: Ctx) -> dict[str, Any]:
         "instead of reading them from disk; with real weights add their read time",
         **_memory(ctx, t_from),
     }
+
+
+async def idle(ctx: Ctx) -> dict[str, Any]:
+    """``sleep.idle_s``: the awake worker, left without requests, falls asleep by itself; GPU
+    memory once it has; then a request for it: a wake alone (no other worker to put to sleep)."""
+    t_from = ctx.lane.elapsed()
+    name, model = await _awake_worker(ctx)
+    idle_s = float((ctx.worker_cfg(name).get("sleep") or {}).get("idle_s") or 0)
+    if not idle_s:
+        return {"error": f"{name} has no sleep.idle_s in the config"}
+    await first_token(ctx, model, max_tokens=2)
+    t_last = time.monotonic()
+    fell = None
+    while time.monotonic() - t_last < idle_s + 60:
+        if (await _workers(ctx))[name]["state"] == "asleep":
+            fell = time.monotonic() - t_last
+            break
+        await asyncio.sleep(0.5)
+    used_asleep = lane_gpu.used_mib()
+    wake = await first_token(ctx, model) if fell is not None else None
+    return {
+        "worker": name,
+        "idle_s": idle_s,
+        "asleep_after_s": _r(fell),
+        "gpu_used_mib_all_asleep": used_asleep,
+        "wake_request": wake,
+        "failures": int(wake is not None and not wake["ok"]),
+        **await _swap_metrics(ctx),
+        **_memory(ctx, t_from),
+    }
+
+
+async def mixed(ctx: Ctx) -> dict[str, Any]:
+    """``MIXED_S`` of load on every model of the group at once: ``MIXED_CLIENTS`` closed-loop
+    clients per model, each sending streamed completions and whole chat completions (16-256
+    tokens) with 0-3 s between them, so the group switches whenever the policy says. Every
+    request must succeed; the members' states are sampled every second (never two on the GPU)."""
+    t_from = ctx.lane.elapsed()
+    ws = await _workers(ctx)
+    models = sorted({w["model"] for w in ws.values()})
+    switches_before = await _switch_count(ctx)
+    deadline = time.monotonic() + MIXED_S
+    replies: list[dict[str, Any]] = []
+    on_gpu_max, samples, overlaps = 0, 0, []
+
+    async def client(model: str, seed: int) -> None:
+        rng = random.Random(seed)
+        while time.monotonic() < deadline:
+            max_tokens = rng.randint(16, 256)
+            if rng.random() < 0.6:
+                reply = await first_token(ctx, model, max_tokens=max_tokens)
+            else:
+                reply = await whole_reply(ctx, model, max_tokens)
+            replies.append(reply)
+            await asyncio.sleep(rng.uniform(0, 3))
+
+    async def watch() -> None:
+        nonlocal on_gpu_max, samples
+        while time.monotonic() < deadline:
+            states = {n: w["state"] for n, w in (await _workers(ctx)).items()}
+            on = [n for n, st in states.items() if st in ON_GPU]
+            on_gpu_max, samples = max(on_gpu_max, len(on)), samples + 1
+            if len(on) > 1 and len(overlaps) < 10:
+                overlaps.append(states)
+            await asyncio.sleep(1.0)
+
+    clients = [client(m, 28_000 + 100 * i + j) for i, m in enumerate(models)
+               for j in range(MIXED_CLIENTS)]  # fmt: skip
+    await asyncio.gather(watch(), *clients)
+    ok = [r for r in replies if r["ok"]]
+    return {
+        "seconds": MIXED_S,
+        "clients_per_model": MIXED_CLIENTS,
+        "requests": len(replies),
+        "requests_by_model": {m: sum(r["model"] == m for r in replies) for m in models},
+        "failures": len(replies) - len(ok),
+        "failed": [r for r in replies if not r["ok"]][:5],
+        "ttft_by_model": {
+            m: _stats([r.get("ttft_s") for r in ok if r["model"] == m and "ttft_s" in r])
+            for m in models
+        },
+        "total_by_model": {
+            m: _stats([r.get("total_s") for r in ok if r["model"] == m]) for m in models
+        },
+        "switches": await _switch_count(ctx) - switches_before,
+        "state_samples": samples,
+        "most_on_gpu_at_once": on_gpu_max,
+        "overlaps": overlaps,
+        "oom_lines": _oom_lines(ctx),
+        **await _swap_metrics(ctx),
+        **_memory(ctx, t_from),
+    }
+
+
+async def _switch_count(ctx: Ctx) -> float:
+    r = await ctx.client.get(ctx.gateway().url + "/metrics", timeout=30)
+    return sum(
+        float(ln.rsplit(" ", 1)[1])
+        for ln in r.text.splitlines()
+        if ln.startswith("gpupool_swap_switches_total{")
+    )
+
+
+def _oom_lines(ctx: Ctx) -> list[str]:
+    """Out-of-memory and CUDA error lines in the workers' logs so far."""
+    out = []
+    for name in ctx.worker_names:
+        path = ctx.log_path(name)
+        if path.exists():
+            text = path.read_text(errors="replace")
+            out += [f"{name}: {ln[:200]}" for ln in text.splitlines() if OOM.search(ln)]
+    return out[:20]
 
 
 async def _swap_metrics(ctx: Ctx) -> dict[str, Any]:

@@ -7,7 +7,8 @@
 # 64 MiB allows beside the repository's tracked files and 1 MiB to spare (PART_MB: a fixed size)
 # Contents: vLLM 0.26.0 and the wheels it needs on the machine (wheels.txt, slimmed as below),
 # gpupool's own wheel and its dependencies the machine lacks (gpupool-deps.txt), the routing
-# bench's peer routers (routing-peers.txt), all cp312.
+# bench's peer routers (routing-peers.txt; BUNDLE_PEERS=0 leaves them out: one part fewer for the
+# phases that do not need them, as the sleep phases), all cp312.
 # Downloads are cached in OUTDIR/cache, so a rebuild after a gpupool change only re-wheels gpupool.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -34,6 +35,11 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/whl"
 cp "$cache"/whl/*.whl "$work/whl/"
+if [ "${BUNDLE_PEERS:-1}" = 0 ]; then  # without the routing bench's peer routers (~52 MiB)
+    grep -v '^#' "$here/routing-peers.txt" | grep . | while read -r spec; do
+        rm -f "$work/whl/$(echo "${spec%%==*}" | tr - _)"-*.whl
+    done
+fi
 "$py" -m pip wheel -q --no-deps --no-build-isolation -w "$work/whl" "$root" 2>/dev/null \
     || "$py" -m pip wheel -q --no-deps -w "$work/whl" "$root"
 tar -C "$work/whl" -cf "$work/bundle.tar" .
