@@ -303,6 +303,27 @@ async def huge_line(wk: Worker, req: dict[str, Any], w: Writer) -> bool:
     return False
 
 
+LONG_TEXT = "a" * (768 * 1024)  # an event under the tests' 1 MiB event bound
+
+
+async def long_event(wk: Worker, req: dict[str, Any], w: Writer) -> bool:
+    """A good stream whose first event carries 768 KiB of text, written 1 KiB at a time."""
+    first, *rest = wk.chunks(req)
+    obj = json.loads(first[len(b"data: ") :])
+    choice = obj["choices"][0]
+    if "delta" in choice:
+        choice["delta"]["content"] = LONG_TEXT
+    else:
+        choice["text"] = LONG_TEXT
+    event = _event(obj)
+    w.write(SSE_HEAD)
+    for i in range(0, len(event), 1024):
+        w.write(_chunk(event[i : i + 1024]))
+        await w.drain()
+    w.write(b"".join(_chunk(e) for e in rest) + b"0\r\n\r\n")
+    return True
+
+
 async def early_reply(wk: Worker, req: dict[str, Any], w: Writer) -> bool:
     """A good answer, then, on the idle kept-alive connection, a reply to a request not sent
     yet (an answer that would be wrong for whatever comes next)."""
@@ -317,7 +338,7 @@ async def early_reply(wk: Worker, req: dict[str, Any], w: Writer) -> bool:
 MODES: dict[str, Mode] = {f.__name__: f for f in (
     ok, endless_head, huge_header, many_headers, endless_body, surplus, trickle, early_hints,
     huge_usage, float_usage, spaced_usage, header_zoo, gzip_body, gzip_stream, other_model,
-    done_mid_json, split_bytes, no_done, silent_stream, huge_line, early_reply,
+    done_mid_json, split_bytes, no_done, silent_stream, huge_line, long_event, early_reply,
 )}  # fmt: skip
 
 

@@ -19,7 +19,7 @@ from gpupool.gateway.transform.chat import (
     normalize_request_messages,
     transform_chat_response,
 )
-from gpupool.gateway.transform.sse import frame, frame_comment, is_comment, iter_events
+from gpupool.gateway.transform.sse import EventBuffer, frame, frame_comment, is_comment
 
 Json = dict[str, Any]
 
@@ -494,22 +494,22 @@ def test_normalize_hostile_shapes_and_bad_field() -> None:
 # ---- SSE framing -------------------------------------------------------------------------
 
 
-def test_iter_events_basic_and_comments() -> None:
-    buf = bytearray()
+def test_events_basic_and_comments() -> None:
+    buf = EventBuffer()
     data = b': keep-alive\n\ndata: {"a":1}\n\ndata: [DONE]\n\ndata: {"b"'
-    items = iter_events(buf, data)
+    items = buf.events(data)
     assert items == [b": keep-alive", b'{"a":1}', b"[DONE]"]
     assert [is_comment(i) for i in items] == [True, False, False]
-    assert buf == bytearray(b'data: {"b"')
-    assert iter_events(buf, b":2}\n\n") == [b'{"b":2}']
-    assert buf == bytearray()
+    assert buf.tail() == b'data: {"b"'
+    assert buf.events(b":2}\n\n") == [b'{"b":2}']
+    assert buf.tail() == b"" and len(buf) == 0
 
 
-def test_iter_events_crlf_multiline_and_other_fields() -> None:
-    buf = bytearray()
-    assert iter_events(buf, b"event: x\r\ndata: a\r\ndata:b\r") == []
-    assert iter_events(buf, b"\n\r\n") == [b"a\nb"]
-    assert iter_events(buf, b"id: 3\n\n\n\ndata: c\n\n") == [b"c"]
+def test_events_crlf_multiline_and_other_fields() -> None:
+    buf = EventBuffer()
+    assert buf.events(b"event: x\r\ndata: a\r\ndata:b\r") == []
+    assert buf.events(b"\n\r\n") == [b"a\nb"]
+    assert buf.events(b"id: 3\n\n\n\ndata: c\n\n") == [b"c"]
 
 
 def test_frame() -> None:
@@ -525,16 +525,16 @@ def test_frame() -> None:
     cuts=st.lists(st.integers(0, 400), max_size=10),
     crlf=st.booleans(),
 )
-def test_iter_events_any_read_boundaries(objs: list[Json], cuts: list[int], crlf: bool) -> None:
+def test_events_any_read_boundaries(objs: list[Json], cuts: list[int], crlf: bool) -> None:
     raw = b": ping\n\n" + b"".join(frame(o) for o in objs) + b"data: [DONE]\n\n"
     if crlf:
         raw = raw.replace(b"\n", b"\r\n")
     bounds = [0, *sorted({c for c in cuts if c <= len(raw)}), len(raw)]
-    buf = bytearray()
-    items = [i for a, b in itertools.pairwise(bounds) for i in iter_events(buf, raw[a:b])]
+    buf = EventBuffer()
+    items = [i for a, b in itertools.pairwise(bounds) for i in buf.events(raw[a:b])]
     assert items[0] == b": ping" and items[-1] == b"[DONE]"
     assert [orjson.loads(i) for i in items[1:-1]] == objs
-    assert buf == bytearray()
+    assert len(buf) == 0
 
 
 # ---- grammar and worker-side parsers (issue 12) --------------------------------------------

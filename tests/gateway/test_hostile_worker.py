@@ -31,7 +31,7 @@ import pytest
 
 from tests.fault_tools import report
 from tests.hostile_tools import assert_nothing_held
-from tests.hostile_worker import HOSTILE_HEADERS
+from tests.hostile_worker import HOSTILE_HEADERS, LONG_TEXT
 from tests.procs import Proc, free_port, gateway, redis_server, running
 
 MODEL, WINDOW, MAX_TOKENS = "m", 4096, 16
@@ -356,6 +356,25 @@ def test_an_event_split_across_every_byte_arrives_whole(
         texts = [c["choices"][0]["text"] for c in chunks]
     assert texts == ["t0", "t1", "t2"]
     wait_for(lambda: tokens(pool)[1] == before[1] + 3, "the stream's usage, read across bytes")
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+def test_a_long_event_in_many_reads_arrives_whole(pool: Pool, watch: Watch, chat: bool) -> None:
+    """768 KiB in one event, 1 KiB a write, through the usage-stripping reshape (the key has a
+    tpm): the client gets it whole and its usage is counted (the relay searches each byte
+    for the event's end once, ``transform/sse.py``)."""
+    before = tokens(pool)
+    a = ask(pool, "long_event", stream=True, chat=chat)
+    assert a.status == 200
+    events = a.events()
+    assert events[-1] == b"[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    if chat:
+        texts = [c["choices"][0]["delta"]["content"] for c in chunks]
+    else:
+        texts = [c["choices"][0]["text"] for c in chunks]
+    assert texts == [LONG_TEXT, "t1", "t2"]
+    wait_for(lambda: tokens(pool)[1] == before[1] + 3, "the stream's usage")
 
 
 def test_done_in_the_middle_of_a_json_object_ends_the_stream(pool: Pool, watch: Watch) -> None:

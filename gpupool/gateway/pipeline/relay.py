@@ -47,7 +47,7 @@ from gpupool.gateway.transform.responses import (
     transform_responses_body,
 )
 from gpupool.gateway.transform.responses import reasoning_texts as responses_reasoning
-from gpupool.gateway.transform.sse import frame, iter_events
+from gpupool.gateway.transform.sse import EventBuffer, frame
 from gpupool.gateway.upstream.client import DataPath, Response, UpstreamFailure
 from gpupool.gateway.upstream.limits import WorkerLimits, over
 from gpupool.workers.registry import Registry
@@ -248,8 +248,9 @@ class Relay:
             return
         reshape = plan.transform is not None or plan.strip_usage
         transformer = ChatStreamTransformer(plan.transform) if plan.transform else None
-        buf = bytearray()
-        last, tail, line = 0.0, b"", b""
+        buf = EventBuffer()
+        line = bytearray()  # the unended line, for its usage
+        last, tail = 0.0, b""
         try:
             async for chunk in resp.iter_raw():
                 now = time.monotonic()
@@ -260,7 +261,7 @@ class Relay:
                     ex.prefilled()  # once a stream: its prefill is over
                     _check_first_event(chunk, model)
                 last = now
-                line = self._stream_usage(ex, line, chunk)
+                self._stream_usage(ex, line, chunk)
                 if reshape:
                     chunk = await self._reframe(ex, transformer, buf, chunk)
                 tail = (tail + chunk)[-16:]
@@ -277,11 +278,11 @@ class Relay:
             yield stream_error(ex, failure_error(e, "mid-stream"))
 
     async def _reframe(
-        self, ex: Exchange, t: ChatStreamTransformer | None, buf: bytearray, chunk: bytes
+        self, ex: Exchange, t: ChatStreamTransformer | None, buf: EventBuffer, chunk: bytes
     ) -> bytes:
         """Re-frame the events of ``chunk`` (``buf`` holds a partial event between calls)."""
         out = bytearray()
-        for payload in iter_events(buf, chunk):
+        for payload in buf.events(chunk):
             if payload.startswith(b":"):
                 out += payload + b"\n\n"
             elif payload == b"[DONE]":
@@ -325,18 +326,15 @@ class Relay:
             if ex.plan.kind.shape is Shape.responses
             else MessagesStreamTransformer(opts)
         )
-        buf = bytearray()
-        line = b""
+        buf = EventBuffer(crlf=False)  # blocks an unreadable one passes as it came
+        line = bytearray()
         try:
             async for chunk in resp.iter_raw():
                 if ex.turn is not None:
                     ex.prefilled()  # the first chunk: its prefill is over
-                line = self._stream_usage(ex, line, chunk)
-                buf += chunk
+                self._stream_usage(ex, line, chunk)
                 out = bytearray()
-                while (end := buf.find(b"\n\n")) >= 0:
-                    block = bytes(buf[:end])
-                    del buf[: end + 2]
+                for block in buf.blocks(chunk):
                     out += await self._event_block(ex, t, block)
                 if len(buf) > self.max_event_bytes:
                     raise self._over_event()
@@ -373,22 +371,24 @@ class Relay:
             return b""  # the usage chunk the gateway asked for; the client did not
         return frame(obj)
 
-    def _stream_usage(self, ex: Exchange, partial: bytes, chunk: bytes) -> bytes:
-        """Read the usage of every ``data:`` line that ends in ``chunk`` (``partial``: the
-        unended line of the chunks before); returns the line ``chunk`` leaves unended, kept
-        only while it may hold a usage and is within ``max_event_bytes``."""
+    def _stream_usage(self, ex: Exchange, partial: bytearray, chunk: bytes) -> None:
+        """Read the usage of every ``data:`` line that ends in ``chunk``. ``partial`` holds the
+        unended line of the chunks before and is left holding the one ``chunk`` leaves unended,
+        kept only while it is within ``max_event_bytes`` (appended to in place: a long line in
+        many chunks is copied once, not once per chunk)."""
         end = chunk.rfind(b"\n")
         if end < 0:
             partial += chunk
-            return partial if len(partial) <= self.max_event_bytes else b""
-        text = partial + chunk[:end] if partial else chunk  # (its unended line fails to parse)
-        rest = chunk[end + 1 :]
+            if len(partial) > self.max_event_bytes:
+                partial.clear()
+            return
+        text = bytes(partial) + chunk[:end] if partial else chunk  # (an unended one fails)
+        partial[:] = chunk[end + 1 :] if len(chunk) - end - 1 <= self.max_event_bytes else b""
         if b'"usage"' in text:
             for line in text.split(b"\n"):
                 if line.startswith(b"data:") and b'"usage"' in line:
                     with contextlib.suppress(orjson.JSONDecodeError, AttributeError):
                         ex.note_usage(_usage_of(orjson.loads(line[5:])))
-        return rest if len(rest) <= self.max_event_bytes else b""
 
 
 def stream_error(ex: Exchange, e: GatewayError) -> bytes:

@@ -1,10 +1,15 @@
 """Server-sent-event framing for the slow path (a response that must be transformed).
 
 vLLM writes ``data: <json>\\n\\n`` per chunk, ``data: [DONE]\\n\\n`` at the end and, with
-``--sse-keep-alive-interval``, ``: keep-alive\\n\\n`` comments. :func:`iter_events` turns a byte
-stream into those payloads; comment lines come back as they are (starting with ``b":"``) so the
-caller can forward them with :func:`frame_comment`. Responses that need no transform never come
-through here: their bytes pass untouched.
+``--sse-keep-alive-interval``, ``: keep-alive\\n\\n`` comments. An :class:`EventBuffer` turns a
+byte stream into those payloads (:meth:`EventBuffer.events`) or into raw blocks
+(:meth:`EventBuffer.blocks`, for ``event:``/``data:`` streams); comment lines come back as they
+are (starting with ``b":"``) so the caller can forward them with :func:`frame_comment`.
+Responses that need no transform never come through here: their bytes pass untouched.
+
+A worker may send one event in many reads. The buffer searches each byte for the blank line
+that ends an event once, remembering how far it searched: an event of N bytes in K reads costs
+N, not N times K (the caller bounds N with ``max_event_bytes``).
 """
 
 from __future__ import annotations
@@ -15,23 +20,61 @@ DONE = b"[DONE]"
 DONE_EVENT = b"data: [DONE]\n\n"
 
 
-def iter_events(buffer: bytearray, data: bytes) -> list[bytes]:
-    """Append ``data`` to ``buffer``; return every complete event, leaving the tail in ``buffer``.
+class EventBuffer:
+    """The unended tail of an SSE stream; ``blocks``/``events`` add a read and return what it
+    completed. ``crlf``: CR and CRLF line ends are read as LF (the payload API's promise)."""
 
-    Each item is either a ``data`` payload (several ``data:`` lines joined by ``\\n``) or a
-    comment line such as ``b": keep-alive"``; tell them apart with :func:`is_comment`. Other
-    fields (``event:``, ``id:``, ``retry:``) are ignored. CRLF and CR line ends are accepted.
-    """
-    buffer += data
-    if b"\r" in buffer:
-        _normalise_line_ends(buffer)
-    out: list[bytes] = []
-    start = 0
-    while (end := buffer.find(b"\n\n", start)) != -1:
-        _parse_block(bytes(buffer[start:end]), out)
-        start = end + 2
-    del buffer[:start]
-    return out
+    __slots__ = ("_cr", "_crlf", "_searched", "_tail", "scanned")
+
+    def __init__(self, *, crlf: bool = True) -> None:
+        self._tail = bytearray()
+        self._searched = 0  # bytes of ``_tail`` already searched for a blank line
+        self._crlf = crlf
+        self._cr = b""  # a CR held back: maybe the first half of a CRLF split across reads
+        self.scanned = 0  # bytes searched so far, all reads together (linear in the stream)
+
+    def __len__(self) -> int:
+        return len(self._tail) + len(self._cr)
+
+    def tail(self) -> bytes:
+        """What is buffered: the start of an event not ended yet."""
+        return bytes(self._tail) + self._cr
+
+    def blocks(self, data: bytes) -> list[bytes]:
+        """Append ``data``; every block (the lines between blank lines) it completed."""
+        tail = self._tail
+        tail += self._lf(data) if self._crlf else data
+        # resume one byte back: the blank line may have begun with the last byte searched
+        pos = max(0, self._searched - 1)
+        self.scanned += len(tail) - pos
+        out: list[bytes] = []
+        start = 0
+        while (end := tail.find(b"\n\n", pos)) != -1:
+            out.append(bytes(tail[start:end]))
+            start = pos = end + 2
+        if start:
+            del tail[:start]  # what is left came in this read: moving it is linear too
+        self._searched = len(tail)
+        return out
+
+    def events(self, data: bytes) -> list[bytes]:
+        """Append ``data``; every event it completed: a ``data`` payload (several ``data:``
+        lines joined by ``\\n``) or a comment line such as ``b": keep-alive"`` (tell them apart
+        with :func:`is_comment`). Other fields (``event:``, ``id:``, ``retry:``) are ignored."""
+        out: list[bytes] = []
+        for block in self.blocks(data):
+            _parse_block(block, out)
+        return out
+
+    def _lf(self, data: bytes) -> bytes:
+        """``data`` with CR and CRLF line ends made LF (only the new bytes are looked at)."""
+        if self._cr:
+            data, self._cr = self._cr + data, b""
+        if b"\r" not in data:
+            return data
+        if data.endswith(b"\r"):
+            data, self._cr = data[:-1], b"\r"
+        return data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
 
 
 def is_comment(item: bytes) -> bool:
@@ -43,15 +86,8 @@ def frame(obj: object) -> bytes:
 
 
 def frame_comment(line: bytes) -> bytes:
-    """A comment item from :func:`iter_events`, framed again for the client."""
+    """A comment item from :meth:`EventBuffer.events`, framed again for the client."""
     return line + b"\n\n"
-
-
-def _normalise_line_ends(buffer: bytearray) -> None:
-    # A trailing CR may be the first half of a CRLF split across reads: keep it for later.
-    tail = b"\r" if buffer.endswith(b"\r") else b""
-    body = bytes(buffer[: len(buffer) - len(tail)])
-    buffer[:] = body.replace(b"\r\n", b"\n").replace(b"\r", b"\n") + tail
 
 
 def _parse_block(block: bytes, out: list[bytes]) -> None:
