@@ -15,6 +15,7 @@ split across reads) is bounded by ``max_event_bytes``. A worker past a bound fai
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
@@ -51,6 +52,8 @@ from gpupool.gateway.transform.sse import EventBuffer, frame
 from gpupool.gateway.upstream.client import DataPath, Response, UpstreamFailure
 from gpupool.gateway.upstream.limits import WorkerLimits, over
 from gpupool.workers.registry import Registry
+
+log = logging.getLogger("gpupool.upstream")
 
 _DONE = b"data: [DONE]\n\n"
 _EVENT_SHAPES = (Shape.responses, Shape.messages)  # `event:`/`data:` streams, reshaped whole
@@ -328,18 +331,20 @@ class Relay:
         )
         buf = EventBuffer(crlf=False)  # blocks an unreadable one passes as it came
         line = bytearray()
+        out = bytearray()  # this read's events: those before a failure still go out
         try:
             async for chunk in resp.iter_raw():
                 if ex.turn is not None:
                     ex.prefilled()  # the first chunk: its prefill is over
                 self._stream_usage(ex, line, chunk)
-                out = bytearray()
                 for block in buf.blocks(chunk):
                     out += await self._event_block(ex, t, block)
                 if len(buf) > self.max_event_bytes:
                     raise self._over_event()
                 if out:
-                    yield bytes(out)
+                    sent = bytes(out)
+                    out.clear()
+                    yield sent
             tail = b"".join(_event(e, o) for e, o in t.finish())
             if tail:
                 yield tail
@@ -347,7 +352,7 @@ class Relay:
         except UpstreamFailure as e:
             ex.status = "upstream_error"
             self._broke(ex, e)
-            yield stream_error(ex, failure_error(e, "mid-stream"))
+            yield bytes(out) + stream_error(ex, failure_error(e, "mid-stream"))
 
     async def _event_block(self, ex: Exchange, t: EventTransformer, block: bytes) -> bytes:
         """One SSE block through ``t`` (blocks it cannot read pass as is). A Responses stream's
@@ -357,10 +362,11 @@ class Relay:
             return block + b"\n\n"
         out = bytearray()
         for event_type, obj in t.feed(*read):
-            response = obj.get("response")
             if event_type in _FINAL and isinstance(t, ResponsesStreamTransformer) and t.reasoning:
+                response = obj.get("response")
+                if not isinstance(response, dict):  # a broken or hostile worker's
+                    raise _no_response(ex, event_type)
                 texts = ["".join(t.reasoning)]
-                assert isinstance(response, dict)
                 obj = {**obj, "response": await self._response_reasoning(ex, response, texts)}
             out += _event(event_type, obj)
         return bytes(out)
@@ -402,6 +408,14 @@ def stream_error(ex: Exchange, e: GatewayError) -> bytes:
     else:
         event = {"type": "error", "error": {"type": "api_error", "message": e.message}}
     return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
+def _no_response(ex: Exchange, event_type: str) -> UpstreamFailure:
+    """A Responses stream's final event without the ``response`` whose reasoning the gateway
+    must count: logged with the worker's name; the client gets the stream's error event."""
+    what = f"worker sent {event_type} without its response object"
+    log.warning("worker %s: %s (request %s)", ex.worker, what, ex.plan.ctx.request_id)
+    return UpstreamFailure(what, sent=True)
 
 
 def _event(event_type: str, obj: dict[str, Any]) -> bytes:
