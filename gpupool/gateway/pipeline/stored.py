@@ -12,9 +12,16 @@ knows nothing of tenants. So the gateway:
 * serves ``GET /v1/responses/{id}`` (``?stream=true&starting_after=N`` too), ``DELETE``,
   ``POST …/cancel`` and ``GET …/input_items`` on that worker, through the same guards as every
   route (key limits, a slot, the relay);
+* waits for that worker while it sleeps (sleep mode, ``workers/swap``): a level 1 or 2 sleep
+  keeps the process, so its stored responses are still there once it wakes. Admission grants
+  slots only on ready workers, and the wait in the model's queue (``Slots.take``) is the
+  demand that makes its swap group wake it, as for any request for a sleeping model; the
+  queue's timeouts and limits apply;
 * answers vLLM's own 404 (``Response with id '…' not found.``) to any other tenant and to an
   id it never made, so one tenant cannot even learn that another's id exists; and when the
-  worker that made it is gone, the same 404 saying so.
+  worker that made it is gone, the same 404 saying so;
+* answers a 503 when the shared store of owners (Redis) cannot say (``tenancy/owners.py``):
+  not a 404, since the response may well exist.
 """
 
 from __future__ import annotations
@@ -23,7 +30,14 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, quote
 
 from gpupool.gateway.admission.base import Ticket
-from gpupool.gateway.errors import GatewayError, ModelNotFound, NotFound
+from gpupool.gateway.admission.connection import StoreUnavailable
+from gpupool.gateway.errors import (
+    ClientGone,
+    GatewayError,
+    ModelNotFound,
+    NotFound,
+    ServiceUnavailable,
+)
 from gpupool.gateway.incoming import Incoming
 from gpupool.gateway.parse import Parsed
 from gpupool.gateway.pipeline.context import build_context
@@ -33,12 +47,14 @@ from gpupool.gateway.reply import Reply
 from gpupool.gateway.routing.policy import RouteRequest
 from gpupool.gateway.security.limits import NO_HOLD
 from gpupool.gateway.tenancy.owners import Owner, Owners
-from gpupool.workers.registry import WorkerState
+from gpupool.workers.registry import SLEEP_STATES, WorkerState
 
 if TYPE_CHECKING:
     from gpupool.gateway.pipeline.pipeline import Pipeline
 
-_LIVE = (WorkerState.starting, WorkerState.warming, WorkerState.ready)
+# The states in which the worker's process (and so its stored responses) may still be there.
+# Asleep, waking or falling asleep: kept by the process, served once it is ready again.
+_HOLDS = frozenset({WorkerState.starting, WorkerState.warming, WorkerState.ready, *SLEEP_STATES})
 _TRUE = frozenset({"1", "true", "yes", "on", "t", "y"})
 
 
@@ -52,6 +68,16 @@ class ResponseNotFound(NotFound):
 
 
 _GONE = " The worker that stored it is no longer serving, and stored responses live in its memory."
+
+
+class OwnersUnavailable(ServiceUnavailable):
+    """The store of who made each response could not be read (Redis down, hung or refusing)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "Stored responses cannot be looked up right now: the gateway's shared store is "
+            "unavailable. Retry later."
+        )
 
 
 def response_id_for(request_id: str) -> str:
@@ -88,14 +114,17 @@ class StoredResponses:
             plan.answered = remember
 
     async def _owned(self, response_id: str, tenant: str) -> Owner:
-        owner = await self.owners.find(response_id)
+        try:
+            owner = await self.owners.find(response_id)
+        except StoreUnavailable:  # logged with its cause by the store
+            raise OwnersUnavailable() from None
         if owner is None or owner.tenant != tenant:
             raise ResponseNotFound(response_id)
         return owner
 
     def _pin(self, plan: Plan, response_id: str, owner: Owner) -> None:
         worker = self.p.registry.get(owner.worker)
-        if worker is None or worker.state not in _LIVE or worker.model != plan.model.name:
+        if worker is None or worker.state not in _HOLDS or worker.model != plan.model.name:
             raise ResponseNotFound(response_id, _GONE)
         plan.pinned = True
         plan.ticket.candidates = [worker.name]
@@ -112,12 +141,17 @@ class StoredResponses:
         else:
             hold = await p.key_limits.admit(principal, 0)
         try:
-            lease = p.slots.take_now(plan.ticket) or await p.slots.take(plan.ticket)
+            lease = p.slots.take_now(plan.ticket)
+            if lease is None:  # it waits as the pipeline's requests do (``Pipeline._handle``):
+                # as its key's, and in its model's queue, the demand that wakes a sleeping worker
+                lease = await p.key_requests.wait(principal, p.slots.take(plan.ticket))
         except BaseException:
             await hold.close(0)
             raise
         ex = Exchange(p.deps, plan, lease, hold)
         try:
+            if lease.queued_s and incoming.left():  # as ``pipeline._still_wanted``
+                raise ClientGone("The client closed the connection while its request waited.")
             return await (p.relay.stream(ex) if plan.stream else p.relay.whole(ex))
         except BaseException as e:
             if isinstance(e, GatewayError) and ex.status == "cancelled":
@@ -133,7 +167,7 @@ class StoredResponses:
         ctx = build_context(incoming, req)
         owner = await self._owned(response_id, ctx.tenant)
         worker = self.p.registry.get(owner.worker)
-        if worker is None or worker.state not in _LIVE:
+        if worker is None or worker.state not in _HOLDS:
             raise ResponseNotFound(response_id, _GONE)
         try:
             model = self.p.catalog.resolve(worker.model, incoming.allowed_models())
@@ -142,8 +176,11 @@ class StoredResponses:
         query = incoming.query
         stream = kind.method == "GET" and not suffix and _flag(query, "stream")
         path = "/v1/responses/" + quote(response_id, safe="") + suffix
+        wait = self.p.cfg.queue.max_wait_s
+        if ctx.max_wait_s is not None:  # the client's own bound on its wait, as on every route
+            wait = min(wait, ctx.max_wait_s)
         ticket = Ticket(ctx.request_id, model.name, ctx.tenant, ctx.priority, [worker.name],
-                        self.p.cfg.queue.max_wait_s, stream)  # fmt: skip
+                        wait, stream)  # fmt: skip
         route = RouteRequest(model.name, 0, True)
         plan = Plan(kind, model, route, b"", stream, ctx, ticket)
         plan.method = kind.method

@@ -32,6 +32,7 @@ from gpupool.workers.sim.errors import SimError
 from gpupool.workers.sim.jobs import Meta
 from gpupool.workers.sim.service import JsonReply, Reply, SimService, StreamReply
 from gpupool.workers.sim.sleep import SleepMode, SleepSettings, settings_from_context
+from gpupool.workers.sim.stored import PREFIX as STORED
 
 Handler = Callable[[bytes, Meta], Awaitable[Reply]]
 MayBlock = Callable[[Meta], bool]
@@ -84,6 +85,9 @@ class SimApp:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.sleep is not None and await self.sleep.handle(scope, receive, send):
             return
+        if scope["path"].startswith(STORED):  # GET /v1/responses/{id}, POST …/cancel
+            await self._stored(scope, receive, send)
+            return
         methods = self._routes.get(scope["path"])
         if methods is None:
             await _send_json(send, JsonReply(404, _NOT_FOUND))
@@ -104,6 +108,13 @@ class SimApp:
             await _race_disconnect(work, receive)
         else:
             await work
+
+    async def _stored(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await _read_body(receive)
+        query: bytes = scope.get("query_string", b"")
+        status, body, allow = self.service.stored.answer(scope["method"], scope["path"], query)
+        extra = [(b"allow", allow.encode())] if allow else None
+        await _send_json(send, JsonReply(status, body), extra)
 
     def kill_engine(self) -> None:
         """The engine dies: generations in flight end with vLLM's engine-dead error, new ones

@@ -93,6 +93,9 @@ class ResponsesRequest(BaseModel):
     instructions: str | None = None
     max_output_tokens: int | None = None
     stream: bool | None = False
+    request_id: str | None = None  # vLLM makes it the response's id (``stored.py``)
+    previous_response_id: str | None = None
+    store: bool | None = True
 
 
 class TokenizeRequest(BaseModel):

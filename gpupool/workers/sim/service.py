@@ -38,6 +38,7 @@ from gpupool.workers.sim.serving import (
     run_full,
     stream,
 )
+from gpupool.workers.sim.stored import ResponseStore
 from gpupool.workers.sim.text import TextSource
 from gpupool.workers.sim.tokenize import Tokenizer, UnknownTokenId, render_chat
 
@@ -72,6 +73,7 @@ class SimService:
         engine = Engine if config.gpu is None else StepEngine
         self.engine = engine(config, self.knobs)
         self.jobs = JobBuilder(config, self.tokenizer, TextSource(config, self.tokenizer))
+        self.stored = ResponseStore()
 
     # -- generation -------------------------------------------------------------------------
 
@@ -106,6 +108,7 @@ class SimService:
             raise BadRequest(
                 "The simulator answers /v1/responses without streaming only.", param="stream"
             )
+        self.stored.check_previous(req.previous_response_id)
         chat = ChatRequest(
             model=req.model, messages=_responses_messages(req), max_tokens=req.max_output_tokens
         )
@@ -119,11 +122,11 @@ class SimService:
         else:
             reasoning, content, reasoning_tokens = split_all(out.pieces, job.thinking)
             text = (reasoning, content)
-        rid = "resp_" + job.response_id.removeprefix("chatcmpl-")
+        rid = req.request_id or "resp_" + job.response_id.removeprefix("chatcmpl-")
         tokens = (job.prompt_tokens, job.generated, reasoning_tokens)
-        return JsonReply(
-            200, render.responses_body(rid, job.created, job.model, text, out.finish_reason, tokens)
-        )
+        body = render.responses_body(rid, job.created, job.model, text, out.finish_reason, tokens)
+        self.stored.keep(rid, body, req.store is not False)
+        return JsonReply(200, body)
 
     async def _arrive(self) -> None:
         self.engine.stats.requests_total += 1

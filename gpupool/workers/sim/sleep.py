@@ -11,8 +11,9 @@ A shared-GPU ledger (``--sleep-ledger FILE``, one JSON file for every simulated 
 GPU) holds each one's ``--gpu-memory-utilization`` share while it is awake. A start or a wake
 that would take the GPU past all of it fails the way CUDA does (start-up: the process exits with
 vLLM's free-memory error; a wake: 500 ``CUDA out of memory``) and is written to the ledger's
-``violations``, as is any generation request that reaches a worker while it sleeps. Tests read the
-ledger to prove that two workers of one GPU were never awake together.
+``violations``, as is any generation request (or stored response's route, ``stored.py``) that
+reaches a worker while it sleeps. Tests read the ledger to prove that two workers of one GPU were
+never awake together.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import orjson
 from starlette.types import Receive, Scope, Send
 
 _GENERATION = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
+_STORED = "/v1/responses/"  # a stored response's routes: served by the engine's process
 _ROUTES = frozenset({"/sleep", "/wake_up", "/is_sleeping", "/collective_rpc", "/sim/sleep"})
 _TAGS = frozenset({"weights", "kv_cache"})
 _CTX_KEY = "gpupool.sim.sleep"
@@ -140,7 +142,7 @@ class SleepMode:
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> bool:
         """Serve a sleep route, or refuse generation while asleep; False: not ours."""
         path = scope["path"]
-        if path in _GENERATION and self.asleep:
+        if (path in _GENERATION or path.startswith(_STORED)) and self.asleep:
             await _drain(receive)
             self._violation(f"{path} while asleep")
             refusal = {"error": {"message": "The model is sleeping.", "code": 503}}
