@@ -45,7 +45,9 @@ def run_server(cfg: GpupoolConfig, config_path: str) -> None:
         host=cfg.server.host,
         port=cfg.server.port,
         loop="uvloop",
-        http=guarded_protocol(cfg.server.header_timeout_s, cfg.server.max_header_bytes),
+        http=guarded_protocol(
+            cfg.server.header_timeout_s, cfg.server.max_header_bytes, cfg.server.write_timeout_s
+        ),
         access_log=cfg.server.access_log,
         # X-Forwarded-For only matters to the access log's client address; without that log,
         # uvicorn's proxy-headers middleware would be one more layer on every request.

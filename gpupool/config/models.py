@@ -61,6 +61,14 @@ class ServerConfig(_Strict):
     body_timeout_s: float = Field(
         60.0, gt=0, description="Time a client has to send the whole request body (408 after)."
     )
+    write_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Longest a client may take no bytes of its reply while the gateway waits "
+        "to write more (its socket's buffers full): then the connection is reset, the worker "
+        "request closed (vLLM aborts it) and its slots given back. A client that reads, "
+        "however slowly, is not cut (nginx's `send_timeout`).",
+    )
     upstream_connect_timeout_s: float = Field(
         5.0, gt=0, description="Time to open a connection to a worker."
     )

@@ -12,7 +12,9 @@ id and auth work for those routes.
 While a handler runs, a client that disconnects cancels it (a callback from the connection,
 or a task waiting on ``receive()`` under other servers): a queued request leaves the queue, a
 worker connection is dropped (vLLM aborts the request), and a stream stops, so nothing runs
-for a client that has gone.
+for a client that has gone. A client that stays but takes no bytes of its reply for
+``server.write_timeout_s`` is cut by the protocol (``stall.py``) and leaves the same way; the
+line logged here names the request (and is counted with the ``cancelled`` requests).
 """
 
 from __future__ import annotations
@@ -212,6 +214,7 @@ class Front:
             if not gone:
                 raise
             task.uncancel()  # the client left; it is not our task that is being cancelled
+            _log_stall(out, incoming)
         finally:
             out.unwatch()
 
@@ -222,6 +225,16 @@ class Front:
         return svc
 
 
+def _log_stall(out: Out, incoming: Incoming) -> None:
+    """The line for a client cut for taking no bytes of its reply (``stall.py``), if it was."""
+    if out.stalled:
+        log.warning(
+            "request %s cut: its client took no bytes of the reply for %g s "
+            "(server.write_timeout_s); its worker request closed, its slots given back",
+            incoming.request_id, out.stalled,
+        )  # fmt: skip
+
+
 class Out(Protocol):
     """Where the front door writes a reply, and hears of the client leaving."""
 
@@ -230,6 +243,11 @@ class Out(Protocol):
     def watch(self, callback: Callable[[], None]) -> None: ...
 
     def unwatch(self) -> None: ...
+
+    @property
+    def stalled(self) -> float:
+        """> 0: the client was cut after taking no bytes for this many seconds."""
+        ...
 
 
 class _AsgiOut:
@@ -259,6 +277,11 @@ class _AsgiOut:
         if self._stop is not None:
             self._stop()
             self._stop = None
+
+    @property
+    def stalled(self) -> float:
+        cycle = getattr(self.send, "__self__", None)
+        return cycle.stalled if isinstance(cycle, CoalescingCycle) else 0.0
 
 
 async def _body(

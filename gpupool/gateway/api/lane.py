@@ -6,7 +6,9 @@ cycle, ``receive``/``send`` messages and a task started before its body: the pro
 the head and the body into a :class:`Lane` and starts one task when the body is complete. The
 task runs the same front door code as the ASGI path (``front.py``): auth, the pipeline, the
 error envelope, the reply's ``after``. The lane writes the reply itself: a whole body as one
-buffer, a stream chunk by chunk with chunked framing, paused while the client's socket is.
+buffer, a stream chunk by chunk with chunked framing, paused while the client's socket is (a
+client that takes nothing for ``server.write_timeout_s`` meanwhile is cut by the protocol,
+``stall.py``, and the lane hears it as a disconnect).
 
 The limits stay where they were, enforced here instead of in the body reader: a declared or
 received body over ``server.max_body_bytes`` is a 413, a body still arriving after
@@ -75,6 +77,7 @@ class Lane:
         "response_complete",
         "response_started",
         "size",
+        "stalled",
         "task",
         "transport",
     )
@@ -108,6 +111,7 @@ class Lane:
         self.task: asyncio.Task[None] | None = None
         self.response_started = False
         self.response_complete = False
+        self.stalled = 0.0  # > 0: cut after its client took no bytes for this many seconds
         self._gone = False
         self._on_gone: Callable[[], None] | None = None
 
@@ -141,6 +145,12 @@ class Lane:
 
     def unwatch(self) -> None:
         self._on_gone = None
+
+    def stall(self, seconds: float) -> bool:
+        """Its client took no bytes for ``seconds`` (``stall.py``): it is being cut. Whether
+        the front door watches it (and logs the cut, with the request's id)."""
+        self.stalled = seconds
+        return self._on_gone is not None
 
     def client_gone(self) -> bool:
         """Whether the client has closed its end, including a close the event loop has not

@@ -6,6 +6,8 @@
 - The request head may not exceed ``max_head_bytes``; beyond it: 431 and close.
 - An idle keep-alive connection is closed after uvicorn's ``timeout_keep_alive``, by one timer
   per connection rather than one armed and cancelled per request.
+- A client that takes no bytes of a reply for ``write_timeout_s`` while the gateway's writes
+  wait for it is cut (``stall.py``); the request it was served is told as of any disconnect.
 Bodies are bounded by size and time in the application (``read_body``).
 
 And one saving on every response: a response with a ``content-length`` (every whole JSON
@@ -18,6 +20,7 @@ anything else goes through uvicorn's own ``send``.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -32,10 +35,13 @@ from uvicorn.protocols.http.httptools_impl import (
 
 from gpupool.gateway.api.lane import Lane
 from gpupool.gateway.api.middleware import content_length, too_large
+from gpupool.gateway.api.stall import WriteStall, reset
 from gpupool.gateway.errors import RequestTimeout
 
 if TYPE_CHECKING:
     from gpupool.gateway.api.front import Front
+
+log = logging.getLogger("gpupool.api")
 
 
 class HeadTooLarge(Exception):
@@ -45,6 +51,7 @@ class HeadTooLarge(Exception):
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     head_timeout_s = 10.0
     max_head_bytes = 64 * 1024
+    write_timeout_s = 60.0
     _head_timer: asyncio.TimerHandle | None = None
     _head_bytes = 0
     _in_head = False
@@ -52,7 +59,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     _idle_timer: asyncio.TimerHandle | None = None
     _front: Front | None = None  # the lane's front door; None: every request through ASGI
     _body_timer: asyncio.TimerHandle | None = None
-    _serving: Lane | None = None  # the lane whose task runs (no longer ``cycle`` if pipelined)
+    # the request whose task runs (a lane or an ASGI cycle): no longer ``cycle`` if pipelined
+    _serving: Lane | RequestResponseCycle | None = None
+    _stall: WriteStall | None = None  # made the first time writes pause
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -74,7 +83,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._idle_timer.cancel()
             self._idle_timer = None
         self._stop_body_timer()
-        # uvicorn tells only the newest request; a lane still serving an earlier one must hear
+        if self._stall is not None:
+            self._stall.resumed()
+        # uvicorn tells only the newest request; one still serving an earlier one must hear
         # it too (its stream stops, its worker connection is dropped).
         serving, current = self._serving, cast(object, self.cycle)
         if serving is not None and serving is not current and not serving.response_complete:
@@ -116,6 +127,43 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.timeout_keep_alive_handler()
         else:
             self._idle_timer = self.loop.call_at(due, self._idle_check)
+
+    # ---- a client that stops reading (``stall.py``) -----------------------------------------
+
+    def pause_writing(self) -> None:
+        self.flow.pause_writing()
+        stall = self._stall
+        if stall is None:
+            stall = self._stall = WriteStall(
+                self.loop, self.transport, self.write_timeout_s, self._write_stalled
+            )
+        stall.paused()
+
+    def resume_writing(self) -> None:
+        self.flow.resume_writing()
+        if self._stall is not None:
+            self._stall.resumed()
+
+    def _write_stalled(self) -> None:
+        """Its client took nothing for ``write_timeout_s``: cut. A request being served hears
+        it as a disconnect, and the front door, watching it, logs the line with its id."""
+        if not self._tell_stall():
+            host, port = self.client or ("-", 0)
+            log.warning(
+                "cut a connection from %s:%s: its client took no bytes of a reply for %g s "
+                "(server.write_timeout_s)", host, port, self.write_timeout_s,
+            )  # fmt: skip
+        reset(self.transport)
+
+    def _tell_stall(self) -> bool:
+        """Mark the request in flight as stalled; whether the front door will log it."""
+        serving = self._serving
+        cycle: object = self.cycle
+        if serving is not None and not serving.response_complete:
+            cycle = serving
+        if isinstance(cycle, (Lane, CoalescingCycle)) and not cycle.response_complete:
+            return cycle.stall(self.write_timeout_s)
+        return False
 
     def _arm(self) -> None:
         if self._head_timer is None:
@@ -251,6 +299,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             cycle.ready = True
             self._settle(cycle)
         else:
+            self._serving = cycle
             super()._start_asgi_task(cycle, app)
 
     def on_body(self, body: bytes) -> None:
@@ -358,6 +407,13 @@ class CoalescingCycle(RequestResponseCycle):
 
     _held: Any = None
     _on_disconnect: Callable[[], None] | None = None
+    stalled = 0.0  # > 0: cut after its client took no bytes for this many seconds
+
+    def stall(self, seconds: float) -> bool:
+        """Its client took no bytes for ``seconds``: it is being cut. Whether the front door
+        watches it (and logs the cut, with the request's id)."""
+        self.stalled = seconds
+        return self._on_disconnect is not None
 
     # uvicorn's protocol sets ``cycle.disconnected = True`` when the client goes away before
     # the response is complete. Seen through this property, that moment can call back, so the
@@ -468,7 +524,10 @@ def _sized(message: Any) -> bool:
     return False
 
 
-def guarded_protocol(head_timeout_s: float, max_head_bytes: int) -> type[HttpToolsProtocol]:
+def guarded_protocol(
+    head_timeout_s: float, max_head_bytes: int, write_timeout_s: float = 60.0
+) -> type[HttpToolsProtocol]:
     """The protocol class uvicorn instantiates per connection, with these limits."""
-    limits = {"head_timeout_s": head_timeout_s, "max_head_bytes": max_head_bytes}
+    limits = {"head_timeout_s": head_timeout_s, "max_head_bytes": max_head_bytes,
+              "write_timeout_s": write_timeout_s}  # fmt: skip
     return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), limits)
