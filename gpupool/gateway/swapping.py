@@ -43,7 +43,7 @@ def build_swap(
         return None
     swap = SwapController(
         registry, session, cfg.workers, cfg.swap, SwapMetrics(metrics), supervisor.restart,
-        probe_timeout_s=cfg.routing.health_timeout_s,
+        probe_timeout_s=cfg.routing.health_timeout_s, read_s=cfg.routing.health_interval_s,
     )  # fmt: skip
     supervisor.use_launch_gates(swap.gate)
     poller.may_ready = swap.may_ready

@@ -29,7 +29,8 @@ class RemotePoller:
         self.cfg = cfg
         self._tasks: list[asyncio.Task[None]] = []
         self._unfiltered: set[str] = set()  # worker URLs that refuse the filtered metrics path
-        # A swap group's member may be marked ready only while it holds the GPU (workers/swap).
+        # False for a swap group's member: its group brings it back (workers/swap), as only it
+        # asks /is_sleeping; the poller checks it only while it is ready, to take it out.
         self.may_ready: Callable[[Worker], bool] = lambda _w: True
 
     async def start(self) -> None:
@@ -59,6 +60,8 @@ class RemotePoller:
     async def check(self, w: Worker) -> None:
         if w.state in _NOT_MINE or w.url is None:
             return  # drained, or the swap group's to change (asleep, waking, falling asleep)
+        if w.state is not WorkerState.ready and not self.may_ready(w):
+            return  # a swap group's member that is out: its group reads it (last_error too)
         result = await probe(self.session, w.url, w.model, self.cfg.health_timeout_s)
         if w.state in _NOT_MINE:
             return  # drained (or put to sleep) while the probe ran: its answer is stale

@@ -5,7 +5,8 @@ Serves vLLM's dev-mode routes: ``POST /sleep?level=1|2&mode=...``, ``POST /wake_
 (``--sleep-s``, ``--wake-s``, ``--reload-s``) and the host RAM a level-1 sleep would hold
 (``--weights-gib``), shown by ``GET /sim/sleep``. ``POST /sim/sleep`` sets ``wake_fail``:
 ``"error"`` (the next wake answers 500) or ``"crash"`` (the process exits), and ``sleep_fail``:
-``"error"`` (the next sleep answers 500; the worker stays awake).
+``"error"`` (the next sleep answers 500; the worker stays awake) or ``"hang"`` (every sleep waits,
+awake, until the knob is changed, then sleeps as asked: a sleep held up past its caller's timeout).
 
 A shared-GPU ledger (``--sleep-ledger FILE``, one JSON file for every simulated worker of one
 GPU) holds each one's ``--gpu-memory-utilization`` share while it is awake. A start or a wake
@@ -88,6 +89,7 @@ class SleepMode:
     wake_fail: str | None = None
     sleep_fail: str | None = None
     running: Callable[[], int] = lambda: 0  # generations in flight (the app sets it)
+    _unhung: asyncio.Event = field(default_factory=asyncio.Event)  # set: sleeps go on
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -185,6 +187,9 @@ class SleepMode:
             self.sleep_fail = None
             msg = "CUDA error: an illegal memory access (sim): the engine could not sleep."
             return 500, {"error": {"message": msg, "type": "InternalServerError", "code": 500}}
+        while self.sleep_fail == "hang":  # (its caller may have given up: it goes on all the same)
+            self._unhung.clear()
+            await self._unhung.wait()
         if not self.asleep:
             if self.running():
                 self._violation(f"sleep with {self.running()} generation(s) running")
@@ -238,9 +243,11 @@ class SleepMode:
         if not isinstance(knobs, dict):
             return 400, {"detail": "a JSON object"}
         wake, sleep = knobs.get("wake_fail"), knobs.get("sleep_fail")
-        if wake not in (None, "error", "crash") or sleep not in (None, "error"):
-            return 400, {"detail": "wake_fail: error, crash or null; sleep_fail: error or null"}
+        if wake not in (None, "error", "crash") or sleep not in (None, "error", "hang"):
+            detail = "wake_fail: error, crash or null; sleep_fail: error, hang or null"
+            return 400, {"detail": detail}
         self.wake_fail, self.sleep_fail = wake, sleep
+        self._unhung.set()
         return self.stats()
 
 

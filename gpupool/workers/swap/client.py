@@ -36,12 +36,10 @@ async def _post(
                     f"POST {url.rpartition('/')[2]} answered {r.status}: {detail}"
                 )
             return text
+    except TimeoutError:  # (before OSError, its base; aiohttp's own timeouts derive from it)
+        raise SleepCallFailed(f"{what}: no answer in {timeout_s:g} s") from None
     except (aiohttp.ClientError, OSError) as e:
         raise SleepCallFailed(f"{what}: {type(e).__name__}: {e}") from None
-    except TimeoutError:
-        raise SleepCallFailed(
-            f"POST {url.rpartition('/')[2]}: no answer in {timeout_s:g} s"
-        ) from None
 
 
 async def sleep(session: aiohttp.ClientSession, url: str, level: int, timeout_s: float) -> None:

@@ -1,8 +1,9 @@
 """Every swap group of the configuration, and the seams the rest of gpupool uses.
 
 - the supervisor asks :meth:`SwapController.gate` for a launched worker's launch gate;
-- the remote poller asks :meth:`SwapController.may_ready` before it marks a ``url:`` worker ready
-  (a member of a group is ready only while it holds the GPU);
+- the remote poller asks :meth:`SwapController.may_ready` before it checks a ``url:`` worker that
+  is out or marks it ready: a member of a group is marked ready by its group only, which asks
+  ``/is_sleeping`` too (the poller only takes a ready member out when its checks fail);
 - the pipeline's ``Slots`` records waiting requests in :attr:`SwapController.demand`;
 - the admin API calls :meth:`sleep` and :meth:`wake`.
 
@@ -42,13 +43,14 @@ class SwapController:
         *,
         probe_timeout_s: float = 10.0,
         tick_s: float = 0.1,
+        read_s: float = 2.0,
     ) -> None:
         self.registry = registry
         self.demand = Demand()
         turns = Turns(cfg.min_awake_s, cfg.priority_weight_s)
         seams = GroupSeams(registry, session, self.demand, events, restart, turns,
                            cfg.sleep_timeout_s, cfg.wake_timeout_s, probe_timeout_s,
-                           tick_s)  # fmt: skip
+                           tick_s, read_s)  # fmt: skip
         members: dict[str, list[Member]] = {}
         for wc in workers:
             worker = registry.get(wc.name)
@@ -80,11 +82,13 @@ class SwapController:
         return lambda: group.before_launch(member)
 
     def may_ready(self, worker: Worker) -> bool:
+        """False for a member of a group (by name: a reload's new entry is one before its
+        group follows it): only its group knows whether it may use the GPU and sleeps."""
         try:
-            group, member = self._find(worker.name)
+            self._find(worker.name)
         except NotSwappable:
             return True
-        return group.holds(member)
+        return False
 
     # -- life -----------------------------------------------------------------------------------
 

@@ -14,6 +14,14 @@ and admission grants slots only on ``ready`` workers, so no request reaches a sl
 A failed sleep or wake marks the worker failed; a launched one is restarted as supervision
 restarts a crash (its relaunch waits at the gate for its turn).
 
+A ``url:`` member frees the GPU only once gpupool knows it sleeps: its /sleep answered, or its
+``/is_sleeping`` says so (``reading.py``). One that holds the GPU in a state that does not say
+(failed: a /sleep or /wake_up failed or timed out, or its health checks did; drained; replaced by
+a reload) stays the holder and is read again at the health pace (``read_s``): asleep, the GPU is
+free; awake and serving, it is put to sleep if another model waits (or a /sleep of ours may still
+be running), else marked ready; unknown, the group waits for it, saying so in ``last_error``.
+Only the group marks a ``url:`` member ready (the poller does not: it cannot ask /is_sleeping).
+
 Start-up: ``url:`` members are asked ``/is_sleeping``; the first awake one keeps the GPU and any
 other awake one is put to sleep. Launched members start one after another, each put to sleep once
 ready (vLLM sizes its KV cache from the free memory it finds), the group's first one last, so it
@@ -32,12 +40,12 @@ from typing import Protocol
 
 import aiohttp
 
-from gpupool.workers import probe as probes
-from gpupool.workers.registry import Registry, Worker, WorkerState
-from gpupool.workers.swap import client
+from gpupool.workers.registry import SLEEP_STATES, Registry, Worker, WorkerState
+from gpupool.workers.swap import client, reading
 from gpupool.workers.swap.client import SleepCallFailed
 from gpupool.workers.swap.demand import Demand, ModelDemand
 from gpupool.workers.swap.policy import Holder, Turns, next_model
+from gpupool.workers.swap.reading import Seen
 
 log = logging.getLogger("gpupool.swap")
 
@@ -64,6 +72,7 @@ class Member:
     launched: bool
     slept_at: int | None = None  # the level of its current sleep (an admin may pick another)
     next_level: int | None = None  # the level of its next sleep only (admin ``?level=``)
+    sleep_asked: bool = False  # (url:) a /sleep of ours failed: it may still be falling asleep
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +87,7 @@ class GroupSeams:
     wake_timeout_s: float
     probe_timeout_s: float = 10.0
     tick_s: float = 0.1
+    read_s: float = 2.0  # the pace of reads of a url: holder in doubt (the health interval)
 
 
 class SwapGroup:
@@ -92,6 +102,7 @@ class SwapGroup:
         self._awake_since = time.monotonic()
         self._last_active = time.monotonic()
         self._seen_total = -1
+        self._read_at = 0.0  # a url: holder in doubt is read again from then (``_reread``)
 
     def member(self, name: str) -> Member | None:
         return next((m for m in self.members if m.worker.name == name), None)
@@ -112,11 +123,6 @@ class SwapGroup:
             if current is not None and current is not m.worker:
                 current.swap_group = self.name
                 m.worker = current
-
-    def holds(self, member: Member) -> bool:
-        """Whether ``member`` holds the GPU now (the poller may mark it ready). A ``url:``
-        member that failed comes back through a switch, which asks it ``/is_sleeping``."""
-        return self.holder is member and self._leaving is not member
 
     async def before_launch(self, member: Member) -> None:
         """The launch gate: return once ``member`` holds the GPU."""
@@ -163,37 +169,46 @@ class SwapGroup:
             return
         last = launched[0] if self.holder is None else None
         for m in [x for x in launched if x is not last] + ([last] if last else []):
-            if self.holder is not None and self.holder is not m:
-                await self._put_to_sleep(self.holder)
+            old = self.holder
+            if old is not None and old is not m:
+                freed = await self._put_to_sleep(old)
+                if not freed and not old.launched:
+                    break  # a url: one that may be awake: the rest wait at their gates
             self.holder = m
             self._awake_since = time.monotonic()
             await self._until(m.worker, _UP)
             if m is not last and m.worker.state is WorkerState.ready:
                 await self._put_to_sleep(m)
-        if self.holder is not None and self.holder.worker.state is not WorkerState.ready:
+        h = self.holder
+        if h is not None and h.launched and h.worker.state is not WorkerState.ready:
             self.holder = None
 
     async def _read_remote(self, m: Member) -> bool:
         """A ``url:`` member's window and sleep state; True when it is awake and serving."""
+        seen = await self._read(m)
+        if seen.seen is Seen.asleep:
+            self.seams.registry.transition(m.worker, WorkerState.asleep)
+        return seen.seen is Seen.awake
+
+    async def _read(self, m: Member) -> reading.Reading:
+        """What a ``url:`` member says of itself; its window, or the error kept in last_error."""
         w, seams = m.worker, self.seams
         assert w.url is not None
-        result = await probes.probe(seams.session, w.url, w.model, seams.probe_timeout_s)
-        if not result.ready:
-            w.last_error = result.error
-            return False
-        w.max_model_len = result.max_model_len
-        asleep = await client.is_sleeping(seams.session, w.url, seams.probe_timeout_s)
-        if asleep:
-            self.seams.registry.transition(w, WorkerState.asleep)
-            return False
-        return True
+        seen = await reading.read(seams.session, w.url, w.model, seams.probe_timeout_s)
+        if seen.seen is Seen.awake:
+            w.max_model_len = seen.max_model_len
+        elif seen.seen is Seen.unknown:
+            w.last_error = seen.error
+        return seen
 
     async def _step(self) -> None:
         self.refresh()
         h, now = self.holder, time.monotonic()
         if h is not None and h.worker.state is not WorkerState.ready:
-            if h.worker.state in (WorkerState.failed, WorkerState.stopped):
-                self.holder = None  # its process is gone (or a url worker is out): GPU free
+            if not h.launched:
+                await self._reread(h, now)  # it may still hold the GPU: free once known asleep
+            elif h.worker.state in (WorkerState.failed, WorkerState.stopped):
+                self.holder = None  # its process is gone: GPU free
             return  # else (re)starting: let it come up
         if h is not None and (h.worker.inflight or h.worker.requests_total != self._seen_total):
             self._last_active, self._seen_total = now, h.worker.requests_total
@@ -210,6 +225,20 @@ class SwapGroup:
             log.info("swap group %s: %s idle for %g s; sleeping", self.name, h.worker.name,
                      h.idle_s)  # fmt: skip
             await self._put_to_sleep(h)
+
+    async def _reread(self, h: Member, now: float) -> None:
+        """A ``url:`` holder out of ``ready``: read it again, at the health pace."""
+        state = h.worker.state
+        if state is WorkerState.asleep:
+            self.holder = None
+            return
+        if state in SLEEP_STATES or state is WorkerState.draining or now < self._read_at:
+            return  # (a drain lets its requests finish first)
+        others = any(
+            model != h.worker.model and self._target(model) is not None
+            for model in self._demand(now)
+        )
+        await self._settle(h, sleep=others)
 
     def _idle_for(self, h: Member | None, demand: dict[str, ModelDemand], now: float) -> bool:
         """Whether the holder has been idle for its ``sleep.idle_s``."""
@@ -249,7 +278,7 @@ class SwapGroup:
             return False
         self.holder = target
         self._awake_since = time.monotonic()
-        if not await self._wake(target):
+        if not await self._wake(target, held=old is target):
             return False
         self._awake_since = self._last_active = time.monotonic()
         waited = self.seams.demand.count(target.worker.model)
@@ -279,27 +308,75 @@ class SwapGroup:
                     freed = await self._sleep_call(m)
                     if not freed:
                         return False
+                elif not m.launched:
+                    return False  # drained meanwhile, still awake: read again (``_reread``)
+            elif w.state is WorkerState.draining and not m.launched:
+                return False  # its requests finish first
             elif w.state is not WorkerState.asleep and not m.launched:
-                return w.state in (WorkerState.failed, WorkerState.stopped, WorkerState.starting)
+                return await self._settle(m, sleep=True)
             self.holder = None if self.holder is m else self.holder
             return True
         finally:
             self._leaving = None
 
     async def _sleep_call(self, m: Member) -> bool:
+        error = await self._ask_sleep(m)
+        if error is not None:
+            return await self._failed(m, error)
+        w = m.worker
+        if w.state in (WorkerState.falling_asleep, WorkerState.ready) or not m.launched:
+            self.seams.registry.transition(w, WorkerState.asleep)  # (a url: one awake at start)
+        return True
+
+    async def _ask_sleep(self, m: Member) -> str | None:
+        """POST /sleep at its level: None once it answered, else why not."""
         w, seams = m.worker, self.seams
         assert w.url is not None
         level, m.next_level = m.next_level or m.level, None
         try:
             await client.sleep(seams.session, w.url, level, seams.sleep_timeout_s)
-            m.slept_at = level
         except SleepCallFailed as e:
-            return await self._failed(m, f"sleep failed: {e}")
-        if w.state in (WorkerState.falling_asleep, WorkerState.ready) or not m.launched:
-            seams.registry.transition(w, WorkerState.asleep)  # (a url: one found awake at start)
+            m.sleep_asked = not m.launched  # (a launched one is restarted)
+            return f"sleep failed: {e}"
+        m.slept_at, m.sleep_asked = level, False
+        return None
+
+    async def _settle(self, m: Member, sleep: bool) -> bool:
+        """Read a ``url:`` holder in doubt: asleep, the GPU is free (True); awake, put it to
+        sleep if ``sleep`` or a /sleep of ours may still run, else mark it ready (a drained one
+        stays out); unknown, keep waiting for it."""
+        w = m.worker
+        self._read_at, before = time.monotonic() + self.seams.read_s, w.state
+        seen = await self._read(m)
+        if state_of(w) is not before:
+            return False  # drained (or undrained) while it was read: its answer is stale
+        if seen.seen is Seen.unknown:
+            w.last_error = self._waiting(m, seen.error or "no answer")
+            return False
+        if seen.seen is Seen.awake and not (sleep or m.sleep_asked):
+            if w.state is not WorkerState.stopped:
+                w.last_error = None
+                self._mark_ready(m)
+            return False
+        if seen.seen is Seen.awake:
+            error = await self._ask_sleep(m)
+            if error is not None:
+                log.warning("swap group %s: worker %s: %s", self.name, w.name, error)
+                w.last_error = self._waiting(m, error)
+                return False
+        m.sleep_asked, w.last_error = False, None
+        if w.state is not WorkerState.stopped:
+            self.seams.registry.transition(w, WorkerState.asleep)
+        self.holder = None if self.holder is m else self.holder
         return True
 
-    async def _wake(self, m: Member) -> bool:
+    def _waiting(self, m: Member, reason: str) -> str:
+        """``last_error`` of a ``url:`` member that may hold the GPU."""
+        if self.holder is not m:
+            return reason
+        return f"{reason} (swap group {self.name} waits for it: it may still hold the GPU)"
+
+    async def _wake(self, m: Member, held: bool) -> bool:
         w, seams = m.worker, self.seams
         if w.state is WorkerState.asleep and w.url is not None:
             seams.registry.transition(w, WorkerState.waking)
@@ -317,44 +394,49 @@ class SwapGroup:
         if m.launched:  # at its launch gate (or restarting): now its turn
             await self._until(w, _UP)
             return state_of(w) is WorkerState.ready
-        return await self._wake_remote(m)
+        return await self._wake_remote(m, held)
 
-    async def _wake_remote(self, m: Member) -> bool:
-        """A ``url:`` member that was out (starting or failed): awake it if it sleeps."""
-        w = m.worker
-        if w.url is None or not await self._read_remote_awake(m):
+    async def _wake_remote(self, m: Member, held: bool) -> bool:
+        """A ``url:`` member that was out (starting, failed): read it, wake it if it sleeps.
+        ``held``: it held the GPU before this switch (whatever it answers, it may be awake)."""
+        w, seams, before = m.worker, self.seams, m.worker.state
+        seen = await self._read(m)
+        if seen.seen is Seen.unknown:
+            if held:
+                w.last_error = self._waiting(m, w.last_error or "no answer")
+            else:
+                self.holder = None  # nothing was sent to it: the GPU is as it was, free
             return False
-        self._mark_ready(m)
-        return True
-
-    async def _read_remote_awake(self, m: Member) -> bool:
-        w, seams = m.worker, self.seams
-        assert w.url is not None
-        result = await probes.probe(seams.session, w.url, w.model, seams.probe_timeout_s)
-        if not result.ready:
-            w.last_error = result.error
-            return False
-        if await client.is_sleeping(seams.session, w.url, seams.probe_timeout_s):
+        if seen.seen is Seen.asleep:
+            assert w.url is not None
             try:
                 await client.wake(seams.session, w.url, m.slept_at or m.level,
                                   seams.wake_timeout_s)  # fmt: skip
             except SleepCallFailed as e:
                 await self._failed(m, f"wake failed: {e}")
                 return False
-        w.max_model_len = result.max_model_len
+        if state_of(w) is not before:
+            return False  # drained meanwhile: it holds the GPU, out of routing
+        w.last_error = None
+        self._mark_ready(m)
         return True
 
     def _mark_ready(self, m: Member) -> None:
         m.worker.consecutive_failures = 0
+        m.sleep_asked = False
         self.seams.registry.transition(m.worker, WorkerState.ready)
 
     async def _failed(self, m: Member, reason: str) -> bool:
-        """Mark ``m`` failed; restart a launched one. True when its GPU memory is free."""
+        """Mark ``m`` failed; restart a launched one. True when its GPU memory is free (a
+        ``url:`` one's never is: it stays the holder, read again from ``_reread``)."""
         w = m.worker
         log.warning("swap group %s: worker %s: %s", self.name, w.name, reason)
-        w.last_error = reason
+        w.last_error = reason if m.launched else self._waiting(m, reason)
         self.seams.registry.transition(w, WorkerState.failed)
-        if not m.launched or self.seams.restart is None:
+        if not m.launched:
+            self._read_at = time.monotonic() + self.seams.read_s
+            return False
+        if self.seams.restart is None:
             return False
         await self.seams.restart(w.name)  # kills the process: its memory is free
         await self._until(w, (WorkerState.starting, WorkerState.warming, *_UP), 10.0)

@@ -1,0 +1,156 @@
+"""A ``url:`` member holding its group's GPU that fails: gpupool did not launch it, so the GPU is
+free only once the worker itself says it sleeps (its /sleep answered, or /is_sleeping).
+
+Two `gpupool sim` workers with sleep mode share one simulated GPU through a ledger (0.85 each: a
+wake beside an awake one fails as CUDA does and is recorded); `gpupool serve` has them as
+``url:`` members of one swap group, ``a`` (coder) awake, ``b`` (chat) asleep. Each fault is
+checked from the sims themselves (/is_sleeping, the ledger's violations and peak), not only
+from the gateway's states, and nothing is held afterwards."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import RedisServer
+from tests.gateway.swap.tools import Sampler, ledger_of, serving, wait_states, workers
+from tests.hostile_tools import assert_nothing_held
+from tests.procs import Proc, running, sim
+
+WAITS = "waits for it"  # the holder's last_error while its group waits for it
+
+
+@contextmanager
+def url_pair(tmp: Path, **extra: Any) -> Iterator[tuple[Proc, Proc, Proc]]:
+    """The gateway, ``a`` (coder, awake, holding the GPU) and ``b`` (chat, asleep)."""
+    opts: dict[str, Any] = {"tmp": tmp, "enable_sleep_mode": True, "itl_ms": 5,
+                            "gpu_memory_utilization": 0.85,
+                            "sleep_ledger": str(tmp / "gpu0-ledger.json")}  # fmt: skip
+    a, b = sim(model="coder", **opts), sim(model="chat", **opts)
+    cfg: dict[str, Any] = {
+        "models": [{"name": "coder"}, {"name": "chat"}],
+        "workers": [
+            {"name": "a", "model": "coder", "url": a.url, "swap_group": "shared"},
+            {"name": "b", "model": "chat", "url": b.url, "swap_group": "shared"},
+        ],
+        "routing": {"health_interval_s": 0.3, "health_timeout_s": 2, "metrics_interval_s": 3600},
+        "swap": {"min_awake_s": 0, "sleep_timeout_s": 1},
+        "queue": {"max_wait_s": 60, **extra.get("queue", {})},
+    }
+    with running(b):
+        httpx.post(b.url + "/sleep?level=1", timeout=10).raise_for_status()  # a fits beside it
+        with running(a), serving(cfg, tmp) as gw:
+            wait_states(gw, {"a": "ready", "b": "asleep"})
+            yield gw, a, b
+
+
+def sleeping(p: Proc) -> bool:
+    answer: bool = httpx.get(p.url + "/is_sleeping", timeout=10).json()["is_sleeping"]
+    return answer
+
+
+def ask(gw: Proc, model: str) -> str:
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0, timeout=90)
+    return client.completions.create(model=model, prompt="hi", max_tokens=6).choices[0].text
+
+
+def until(what: str, check: Callable[[], bool], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never {what}")
+        time.sleep(0.05)
+
+
+def queued(gw: Proc, model: str) -> bool:
+    snap = httpx.get(gw.url + "/admin/queue", timeout=10).json()
+    return bool(snap["models"].get(model, {}).get("depth"))
+
+
+def clean(gw: Proc, tmp: Path) -> None:
+    ledger = ledger_of(tmp)
+    assert ledger["violations"] == []  # no wake (or request) while the other held the GPU
+    assert ledger["peak_awake"] <= 1.0
+    assert_nothing_held(gw.url)
+
+
+def test_a_sleep_that_fails_keeps_the_gpu_until_a_second_one_answers(tmp_path: Path) -> None:
+    with url_pair(tmp_path) as (gw, a, b):
+        httpx.post(a.url + "/sim/sleep", json={"sleep_fail": "error"}).raise_for_status()
+        with Sampler(gw) as sampler:
+            assert ask(gw, "chat")  # served once a's next /sleep answered, not before
+        log = gw.log_path.read_text()
+        assert "sleep failed: POST sleep?level=1&mode=wait answered 500" in log
+        assert (sleeping(a), sleeping(b)) == (True, False)
+        seen = workers(gw)
+        assert (seen["a"]["state"], seen["a"]["last_error"], seen["b"]["state"]) == (
+            "asleep", None, "ready")  # fmt: skip
+        assert sampler.most_awake == 1
+        assert ask(gw, "coder")  # and back
+        clean(gw, tmp_path)
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+def test_a_sleep_that_hangs_past_its_timeout_keeps_the_other_asleep(
+    tmp_path: Path, backend: str, redis_server: RedisServer
+) -> None:
+    queue: dict[str, Any] = {"backend": backend}
+    if backend == "redis":
+        queue |= {"redis_url": redis_server.url, "redis_prefix": f"swap-{tmp_path.name}"}
+    with url_pair(tmp_path, queue=queue) as (gw, a, b):
+        httpx.post(a.url + "/sim/sleep", json={"sleep_fail": "hang"}).raise_for_status()
+        r = httpx.post(
+            gw.url + "/v1/completions",
+            json={"model": "chat", "prompt": "hi", "max_tokens": 4},
+            headers={"x-gpupool-max-wait": "3"}, timeout=30,
+        )  # fmt: skip
+        assert r.status_code == 429 and r.json()["error"]["message"].startswith("No slot")
+        until("waiting for a", lambda: WAITS in (workers(gw)["a"]["last_error"] or ""))
+        assert workers(gw)["a"]["state"] == "failed"  # out of routing, still the holder
+        assert "no answer in 1 s" in workers(gw)["a"]["last_error"]
+        assert (sleeping(a), sleeping(b)) == (False, True)
+        with ThreadPoolExecutor(1) as pool:
+            patient = pool.submit(ask, gw, "chat")
+            until("chat queued", lambda: queued(gw, "chat"))
+            assert sleeping(b)
+            httpx.post(a.url + "/sim/sleep", json={"sleep_fail": None}).raise_for_status()
+            assert patient.result(timeout=90)  # a's sleep went through: then b woke
+        assert (sleeping(a), sleeping(b)) == (True, False)
+        wait_states(gw, {"a": "asleep", "b": "ready"})
+        clean(gw, tmp_path)
+
+
+def test_a_holder_unreachable_for_a_while_keeps_the_gpu_and_comes_back(tmp_path: Path) -> None:
+    with url_pair(tmp_path) as (gw, a, b):
+        a.kill(signal.SIGSTOP)  # its weights stay on the GPU; it answers nothing
+        try:
+            until("a taken out", lambda: WAITS in (workers(gw)["a"]["last_error"] or ""))
+            with ThreadPoolExecutor(1) as pool:
+                patient = pool.submit(ask, gw, "chat")
+                until("chat queued", lambda: queued(gw, "chat"))
+                time.sleep(3)  # a few more reads of a, each unanswered
+                assert workers(gw)["a"]["state"] == "failed" and sleeping(b)
+                a.kill(signal.SIGCONT)
+                assert patient.result(timeout=90)  # a answered, was put to sleep, b woke
+        finally:
+            a.kill(signal.SIGCONT)
+        assert (sleeping(a), sleeping(b)) == (True, False)
+        assert ask(gw, "coder")  # a holds the GPU again
+        a.kill(signal.SIGSTOP)  # out again, nobody else waiting this time
+        try:
+            until("a taken out", lambda: WAITS in (workers(gw)["a"]["last_error"] or ""))
+        finally:
+            a.kill(signal.SIGCONT)
+        seen = wait_states(gw, {"a": "ready", "b": "asleep"})  # back: ready, read by its group
+        assert seen["a"]["last_error"] is None and not sleeping(a) and sleeping(b)
+        assert ask(gw, "coder")
+        clean(gw, tmp_path)
