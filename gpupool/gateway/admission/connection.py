@@ -13,6 +13,17 @@ Two clients per user of Redis (admission, per-key limits):
 A failed call on the request pool is only a *suspicion*: :class:`Probe` then pings Redis over
 the control client (one probe at a time, shared by every caller that suspects), and only a
 failed ping (refused, reset, or no answer within the socket timeout) declares Redis down.
+
+An error *reply* is different: Redis answered and said no (``OOM`` when full with
+``noeviction``, ``READONLY`` on a replica, ``MISCONF``, ``MASTERDOWN``, ``BUSY``, a script's
+error). A ``PING`` still answers then, so probing would call Redis up and every request would
+fail again: such a failure is :class:`StoreRefused`, which callers treat as an outage at once.
+Every Redis failure reaches callers through :func:`unavailable`, as one of these two, naming its
+cause. ``NOSCRIPT`` never reaches them: redis-py's ``Script`` objects (``register_script``)
+load the script again and retry.
+
+    StoreUnavailable   unreachable: connection refused, reset, timed out (the probe decides)
+    └── StoreRefused   an error reply, or a call redis-py could not make (no probe: down now)
 """
 
 from __future__ import annotations
@@ -23,15 +34,33 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+# Every failure of a Redis call: redis-py's errors (the connection's, and the server's error
+# replies) and the socket's own. ``unavailable`` sorts them.
+REDIS_FAILURES = (RedisError, OSError)
 CONTROL_CONNECTIONS = 3  # pub/sub listener, maintenance, probe
 
 
 class StoreUnavailable(Exception):
     """Redis could not be reached (refused, reset, timed out). Deliberately not an OSError, so
     a caller can tell it from its own I/O errors (a client that went away)."""
+
+
+class StoreRefused(StoreUnavailable):
+    """Redis answered with an error (full, read-only, ``MISCONF``…), or redis-py could not make
+    the call: a ``PING`` proves nothing, so this is an outage as it stands, without a probe.
+    It ends when a write succeeds again (each backend's recovery writes before going back)."""
+
+
+def unavailable(exc: BaseException) -> StoreUnavailable:
+    """A failed Redis call (one of ``REDIS_FAILURES``) as callers handle it, with its cause."""
+    cause = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if isinstance(exc, CONNECTION_ERRORS):
+        return StoreUnavailable(cause)
+    return StoreRefused(cause)
 
 
 def socket_timeout_s(lease_ttl_s: float) -> float:
@@ -74,6 +103,6 @@ class Probe:
     async def _ping(self) -> bool:
         try:
             await self._control.ping()
-        except CONNECTION_ERRORS:
+        except REDIS_FAILURES:  # an error reply too (a replica cut off: MASTERDOWN)
             return False
         return True

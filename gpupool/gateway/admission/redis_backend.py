@@ -25,20 +25,24 @@ at once rather than left to expire.
 Outage. Calls of the request path go through a bounded pool that waits for a free connection
 (``connection.py``), so a burst is never an outage. A failed call (refused, reset, timed out) is
 only a suspicion: Redis is marked down when the health probe, a ``PING`` over the control
-client, fails too; otherwise the call is retried (every script is idempotent). Heartbeat, renewal,
-re-check and pub/sub use that control client, never the request pool, so a burst waiting for
-connections cannot delay a renewal past the TTL. Policy ``reject``: new and waiting requests get
-``ServiceUnavailable``. Policy ``local``: they are served by a :class:`MemoryAdmission` over this
-replica's share of each worker (``capacity // replicas_hint``, at least 1); the leases this
-replica already holds through Redis are counted in that share (``force_hold``), so the replica
-does not exceed its share by the requests it was already running. Releases during the outage
-are local only. The maintenance loop pings Redis every ``recheck_interval_s``; when it answers,
-the replica re-asserts every lease it still holds, Redis-granted or local, as a Redis lease
-(Redis then counts the work really running, possibly above capacity for a moment: it grants
-nothing on that worker until the count drops below), drops its stale tickets, switches new
-requests back to Redis and moves its local waiters back to the Redis queue (with their remaining
-wait). Nothing restarts and nothing leaks: a lease is either re-asserted while held or, if its
-release could not reach Redis, expires with its TTL (or vanished with a restarted Redis).
+client, fails too; otherwise the call is retried (every script is idempotent). A call Redis
+refused with an error reply (``OOM`` when full, ``READONLY`` on a replica, ``MISCONF``…) marks it
+down at once: the probe's ``PING`` would still answer. Heartbeat, renewal, re-check and pub/sub
+use that control client, never the request pool, so a burst waiting for connections cannot delay
+a renewal past the TTL. Policy ``reject``: new and waiting requests get ``ServiceUnavailable``
+(503, ``Retry-After`` one renewal interval). Policy ``local``: they are served by a
+:class:`MemoryAdmission` over this replica's share of each worker (``capacity // replicas_hint``,
+at least 1); the leases this replica already holds through Redis are counted in that share
+(``force_hold``), so the replica does not exceed its share by the requests it was already
+running. Releases during the outage are local only. The maintenance loop pings Redis every
+``recheck_interval_s``; when it answers and takes the renewal (a write, the heartbeat first,
+which a full or read-only Redis refuses), the replica re-asserts every lease it still holds,
+Redis-granted or local, as a Redis lease (Redis then counts the work really running, possibly
+above capacity for a moment: it grants nothing on that worker until the count drops below),
+drops its stale tickets, switches new requests back to Redis and moves its local waiters back to
+the Redis queue (with their remaining wait). Nothing restarts and nothing leaks: a lease is
+either re-asserted while held or, if its release could not reach Redis (or Redis refused it),
+expires with its TTL (or vanished with a restarted Redis).
 
 Limits. Capacity is exact while Redis is up. At the moment of failover, a replica holding less
 than its share may add local work on top of the other replicas' Redis leases (by at most its
@@ -53,6 +57,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, replace
 from functools import partial
@@ -63,9 +68,10 @@ from redis.asyncio import Redis
 from gpupool.config.models import QueueConfig, RedisFailurePolicy
 from gpupool.gateway.admission.base import LIVE_QUEUE, Lease, Ticket, WaitCallback, WorkerView
 from gpupool.gateway.admission.connection import (
-    CONNECTION_ERRORS,
     CONTROL_CONNECTIONS,
+    REDIS_FAILURES,
     Probe,
+    StoreRefused,
     StoreUnavailable,
     redis_client,
 )
@@ -182,7 +188,7 @@ class RedisAdmission:
         try:
             await self._recover()
         except StoreUnavailable as exc:
-            log.warning("admission: Redis unreachable at start (%s); policy %s", exc, self._policy)
+            log.warning("admission: Redis unavailable at start (%s); policy %s", exc, self._policy)
         self._loops = [self._spawn(self._listen()), self._spawn(self._maintain())]
 
     async def close(self) -> None:
@@ -274,7 +280,8 @@ class RedisAdmission:
             return await self._redis_acquire(ticket, on_wait, began, deadline)
         if self._policy is RedisFailurePolicy.reject:
             raise ServiceUnavailable(
-                "Admission is unavailable: the shared queue cannot be reached."
+                "Admission is unavailable: the shared queue cannot be reached.",
+                headers={"retry-after": str(max(1, math.ceil(self._renew_s)))},
             )
         loop = asyncio.get_running_loop()
         waiting = replace(ticket, max_wait_s=max(0.0, deadline - loop.time()))
@@ -424,8 +431,9 @@ class RedisAdmission:
             await self._suspect(exc)
 
     async def _suspect(self, exc: BaseException) -> bool:
-        """A call failed: Redis is down only if the probe fails too. True while it is up."""
-        if self._up and not await self._probe.reachable():
+        """A call failed: Redis is down if it refused the call (an error reply), else only if
+        the probe fails too. True while it is up."""
+        if self._up and (isinstance(exc, StoreRefused) or not await self._probe.reachable()):
             self._went_down(exc)
         return self._up
 
@@ -433,7 +441,8 @@ class RedisAdmission:
         if not self._up:
             return
         self._up = False
-        log.warning("admission: Redis unreachable (%s); policy %s", exc, self._policy)
+        how = "refused a call" if isinstance(exc, StoreRefused) else "unreachable"
+        log.warning("admission: Redis %s (%s); policy %s", how, exc, self._policy)
         for iid, held in self._held.items():
             if held.local is None:
                 held.local = self._local.force_hold(held.worker, iid, held.tenant)
@@ -443,7 +452,7 @@ class RedisAdmission:
 
     async def _recover(self) -> None:
         await self._ctl.ping()
-        await self._renew()
+        await self._renew()  # writes: a Redis that still refuses writes stays down
         self._up = True
         doubtful, self._doubtful = self._doubtful, set()
         for iid in doubtful:
@@ -500,7 +509,7 @@ class RedisAdmission:
     async def _listen(self) -> None:
         channel = self._keys.wake(self.replica_id)
         while not self._closing:
-            with contextlib.suppress(*CONNECTION_ERRORS):
+            with contextlib.suppress(*REDIS_FAILURES):
                 async with self._control.pubsub() as pubsub:
                     await pubsub.subscribe(channel)
                     while not self._closing:

@@ -35,7 +35,7 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
 from gpupool.config.models import QueueConfig
-from gpupool.gateway.admission.connection import CONNECTION_ERRORS, StoreUnavailable
+from gpupool.gateway.admission.connection import REDIS_FAILURES, unavailable
 from gpupool.gateway.admission.fairness import (
     PRIORITY_LIMIT,
     RATE_TAU_S,
@@ -429,7 +429,9 @@ def _flat(pairs: list[tuple[str, Any]]) -> list[Any]:
 class Store:
     """Typed calls of the scripts on one Redis client (``decode_responses=True``).
 
-    Connection failures surface as :class:`StoreUnavailable`; script bugs as redis errors.
+    Every failure surfaces as :class:`~gpupool.gateway.admission.connection.StoreUnavailable`
+    (an error reply, a script's error included, as its ``StoreRefused``). A script the server
+    lost (``SCRIPT FLUSH``, a restart) is loaded again by redis-py's ``Script`` on ``NOSCRIPT``.
     """
 
     def __init__(self, client: Redis, cfg: QueueConfig) -> None:
@@ -461,14 +463,14 @@ class Store:
     async def _run(self, name: str, *args: Any) -> Any:
         try:
             return await self._scripts[name](keys=[], args=[*self._common, *args])
-        except CONNECTION_ERRORS as exc:
-            raise StoreUnavailable(str(exc)) from exc
+        except REDIS_FAILURES as exc:
+            raise unavailable(exc) from exc
 
     async def ping(self) -> None:
         try:
             await self._client.ping()
-        except CONNECTION_ERRORS as exc:
-            raise StoreUnavailable(str(exc)) from exc
+        except REDIS_FAILURES as exc:
+            raise unavailable(exc) from exc
 
     async def acquire(
         self,
@@ -514,8 +516,8 @@ class Store:
     async def position(self, model_queue: str, key: str) -> int:
         try:
             rank = await self._client.zrank(model_queue, key)
-        except CONNECTION_ERRORS as exc:
-            raise StoreUnavailable(str(exc)) from exc
+        except REDIS_FAILURES as exc:
+            raise unavailable(exc) from exc
         return rank + 1 if isinstance(rank, int) else 1
 
     async def snapshot(self) -> dict[str, Any]:

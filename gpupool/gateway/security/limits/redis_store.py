@@ -14,6 +14,8 @@ key                    type    contents
 ``kl:ta:<name>``       hash    hold id -> its charge (the reservation, then the real usage)
 ``kl:ts:<name>``       string  the sum of ``kl:ta`` (kept with every change, so a check is O(1)
                                plus the entries that just left the window)
+``kl:alive``           string  written by every renewal (expires ``2 * lease_ttl_s`` after): a
+                               renewal that succeeds proves Redis takes writes
 =====================  ======  ====================================================================
 
 Window keys expire a minute after their last change, hold keys ``2 * lease_ttl_s`` after theirs.
@@ -26,10 +28,10 @@ from typing import Any
 from redis.commands.core import AsyncScript
 
 from gpupool.gateway.admission.connection import (
-    CONNECTION_ERRORS,
+    REDIS_FAILURES,
     Probe,
-    StoreUnavailable,
     redis_client,
+    unavailable,
 )
 from gpupool.gateway.security.limits.base import (
     MAX_TOKENS,
@@ -157,8 +159,11 @@ end
 return 1
 """
 
-# ARGV[4..]: key name, hold id, key name, hold id, ... (ARGV[2] unused).
+# ARGV[4..]: key name, hold id, key name, hold id, ... (ARGV[2] unused). The heartbeat is the
+# first write: a full (noeviction) or read-only Redis refuses it while a PING still answers, so
+# a renewal that succeeds shows that Redis takes writes again (service.py's recovery).
 _RENEW = """
+redis.call('SET', P .. ':kl:alive', NOW, 'PX', 2 * TTL)
 for i = 4, #ARGV, 2 do
   local kc, kh = P .. ':kl:c:' .. ARGV[i], P .. ':kl:h:' .. ARGV[i]
   redis.call('ZADD', kc, NOW + TTL, ARGV[i + 1])
@@ -181,7 +186,8 @@ class RedisLimits:
 
     Request-path calls (``take``, ``give``) use a pool that waits for a free connection;
     ``renew`` and the health probe use a control client of their own (``connection.py``).
-    Connection failures surface as ``StoreUnavailable``.
+    Every failure surfaces as ``StoreUnavailable`` (an error reply as its ``StoreRefused``); a
+    script lost to ``SCRIPT FLUSH`` is loaded again by redis-py's ``Script``.
     """
 
     def __init__(self, url: str, prefix: str, lease_ttl_s: float) -> None:
@@ -199,8 +205,8 @@ class RedisLimits:
     async def _run(self, script: AsyncScript, name: str, *args: Any) -> Any:
         try:
             return await script(keys=[], args=[self._prefix, name, self._ttl_ms, *args])
-        except CONNECTION_ERRORS as exc:
-            raise StoreUnavailable(str(exc)) from exc
+        except REDIS_FAILURES as exc:
+            raise unavailable(exc) from exc
 
     async def take(self, name: str, policy: Policy, hold_id: str, charge: int) -> Refusal | None:
         p, charge = policy, tokens_of(charge)
@@ -216,9 +222,9 @@ class RedisLimits:
         await self._run(self._give, name, policy.tpm, hold_id, tokens_of(charge), used_arg)
 
     async def renew(self, holds: list[tuple[str, str]]) -> None:
-        """Re-assert these ``(key name, hold id)`` holds for another lease TTL."""
-        if holds:
-            await self._run(self._renew, "", *[x for pair in holds for x in pair])
+        """Re-assert these ``(key name, hold id)`` holds for another lease TTL (none: the
+        heartbeat alone, a write)."""
+        await self._run(self._renew, "", *[x for pair in holds for x in pair])
 
     async def usage(self, name: str) -> Usage:
         n, reserved, tokens, requests = await self._run(self._usage, name)

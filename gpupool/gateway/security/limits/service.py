@@ -17,8 +17,12 @@ cancelled, so it belongs in a ``finally``.
 
 With the Redis queue backend every replica shares one budget per key (``redis_store.py``):
 concurrency slots are leases renewed while held, so a dead replica's slots come back within
-``lease_ttl_s``. If Redis is unreachable (a failed call confirmed by a health probe) the limits
-fail open to this replica's own memory store (logged), and go back to Redis when it answers.
+``lease_ttl_s``. If Redis is unreachable (a failed call confirmed by a health probe) or refuses
+(an error reply: full, read-only, ``MISCONF``…; no probe, a ``PING`` would still answer) the
+limits fail open to this replica's own memory store (logged with the cause), and go back to
+Redis once a renewal, which writes, succeeds. A hold whose give could not reach Redis is no
+longer counted here; it is given once Redis takes writes again, and expires with its lease TTL
+meanwhile (it is no longer renewed).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 from gpupool.config.models import GpupoolConfig, QueueBackend
-from gpupool.gateway.admission.connection import StoreUnavailable
+from gpupool.gateway.admission.connection import StoreRefused, StoreUnavailable
 from gpupool.gateway.errors import RateLimited
 from gpupool.gateway.security.keys import Principal
 from gpupool.gateway.security.limits.base import Limit, LimitStore, Policy, Refusal, Usage
@@ -152,7 +156,11 @@ class KeyLimits:
         local = await self._memory.usage(name)
         if self._redis is None or not self._up:
             return local
-        shared = await self._redis.usage(name)
+        try:
+            shared = await self._redis.usage(name)
+        except StoreUnavailable as exc:  # this replica's own, as while Redis is down
+            await self._suspect(exc)
+            return local
         return Usage(
             shared.in_use + local.in_use,
             shared.reserved + local.reserved,
@@ -227,13 +235,15 @@ class KeyLimits:
             self._unsettled[hold.hold_id] = args
 
     async def _suspect(self, exc: BaseException) -> None:
-        """A call failed: Redis is down only if the probe fails too."""
+        """A call failed: Redis is down if it refused (an error reply), or if the probe fails."""
         assert self._redis is not None
-        if self._up and not await self._redis.probe.reachable():
+        refused = isinstance(exc, StoreRefused)
+        if self._up and (refused or not await self._redis.probe.reachable()):
             self._up = False
             log.warning(
-                "per-key limits: Redis unreachable (%s); failing open to this replica's own "
-                "limits until it answers",
+                "per-key limits: Redis %s (%s); failing open to this replica's own limits "
+                "until it takes writes again",
+                "refused a call" if refused else "unreachable",
                 exc,
             )
             self._start_renewing()
@@ -252,11 +262,10 @@ class KeyLimits:
                 log.exception("per-key limits: renewal failed")
 
     async def _renew_once(self, redis: RedisLimits) -> None:
-        if not self._up:
-            if not await redis.probe.reachable():
-                return
-            self._up = True
-            log.info("per-key limits: Redis reachable again; limits shared again")
+        if not self._up and not await redis.probe.reachable():
+            return
+        # the renewal writes (a heartbeat at least): back on Redis only once it succeeds, as a
+        # full or read-only Redis still answers the probe's PING
         try:
             await redis.renew([(name, hold_id) for hold_id, name in self._held.items()])
             for hold_id, args in list(self._unsettled.items()):
@@ -264,6 +273,10 @@ class KeyLimits:
                 self._unsettled.pop(hold_id, None)
         except StoreUnavailable as exc:
             await self._suspect(exc)
+            return
+        if not self._up:
+            self._up = True
+            log.info("per-key limits: Redis takes writes again; limits shared again")
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro)
