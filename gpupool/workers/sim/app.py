@@ -143,6 +143,8 @@ class SimApp:
                 await _send_json(send, reply)
         finally:
             self._generating.discard(task)
+            if self.sleep is not None:
+                self.sleep.generation_ended()
 
     async def _send_stream(self, send: Send, reply: StreamReply, task: asyncio.Task[Any]) -> None:
         chunks = reply.chunks
@@ -198,6 +200,7 @@ def create_sim_app(config: SimConfig, sleep: SleepSettings | None = None) -> Sim
     app = SimApp(config, sleep)
     if app.sleep is not None:
         app.sleep.running = lambda: len(app._generating)
+        app.sleep.abort = app.service.engine.abort_all
     return app
 
 

@@ -18,6 +18,10 @@ the shape says, not what a busy host allows.
 A request that arrives while a step runs joins at the next step's start, as in vLLM. Counters
 (prompt and generated tokens, prefix-cache queries and hits) and the TTFT and inter-token
 histograms move at the step that causes them; the gauges read the scheduler's lists.
+
+:meth:`StepEngine.abort_all` (a ``/sleep`` with ``mode=abort``) takes every sequence out of the
+engine, running or waiting, as vLLM's ``finish_requests(None, FINISHED_ABORTED)`` does: each
+request ends with the positions it had.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class Seq:
     """One request inside the engine: its prompt progress, its output positions, who waits."""
 
     __slots__ = (
+        "aborted",
         "adm",
         "computed",
         "done",
@@ -62,6 +67,7 @@ class Seq:
         self.produced = 0  # output positions made
         self.reserved = 0  # KV blocks held for its whole length
         self.done = False
+        self.aborted = False
         self.first_at = 0.0
         self.last_at = 0.0
         self.waiter: asyncio.Future[None] | None = None
@@ -122,10 +128,25 @@ class StepEngine(Engine):
 
     # -- the request's side -----------------------------------------------------------------
 
-    def enqueue(self, adm: Admission) -> Seq:
+    def abort_all(self) -> None:
+        self.aborts += 1
+        for seq in [*self.waiting, *self.scheduled]:
+            self._abort(seq)
+
+    def _abort(self, seq: Seq) -> None:
+        seq.aborted = True
+        self._drop(seq)
+        seq.wake()
+
+    def enqueue(self, adm: Admission, epoch: int | None = None) -> Seq:
+        """Queue a request; one that came in before an abort (``epoch``: :attr:`aborts` when
+        it did) is aborted at once."""
         seq = Seq(adm)
         self.stats.request_ids.append(adm.tracking_id)
         self.stats.prompts.append(adm.label)
+        if epoch is not None and epoch != self.aborts:
+            seq.aborted = seq.done = True
+            return seq
         self.waiting.append(seq)
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._steps())
@@ -134,7 +155,7 @@ class StepEngine(Engine):
     def leave(self, seq: Seq, reasons: list[str] | None) -> None:
         """The request's body ended: ``reasons`` after its last position, None on an error or
         a cancellation (an abort: the sequence leaves the engine if it is still there)."""
-        aborted = reasons is None or not seq.done
+        aborted = reasons is None or not seq.done or seq.aborted
         if aborted:
             self._drop(seq)
         m = self.metrics
@@ -261,6 +282,13 @@ class StepRun:
     def available(self, step: int, steps: int) -> int:
         return max(step + 1, min(self.seq.produced, steps))
 
+    @property
+    def aborted(self) -> bool:
+        return self.seq.aborted
+
+    def made(self, steps: int) -> int:
+        return min(self.seq.produced, steps)
+
     async def _until(self, positions: int) -> None:
         seq = self.seq
         while seq.produced < min(positions, seq.total) and not seq.done:
@@ -272,17 +300,18 @@ class StepRun:
 class StepRunning:
     """``async with``: queue the request in the engine; on exit, count it (or abort it)."""
 
-    __slots__ = ("_adm", "_engine", "_run")
+    __slots__ = ("_adm", "_engine", "_epoch", "_run")
 
     def __init__(self, engine: StepEngine, adm: Admission) -> None:
         self._engine = engine
         self._adm = adm
+        self._epoch = engine.aborts
         self._run: StepRun | None = None
 
     async def __aenter__(self) -> Pacer:
         if self._adm.hold_s > 0:
             await asyncio.sleep(self._adm.hold_s)
-        self._run = StepRun(self._engine, self._engine.enqueue(self._adm))
+        self._run = StepRun(self._engine, self._engine.enqueue(self._adm, self._epoch))
         return self._run
 
     async def __aexit__(

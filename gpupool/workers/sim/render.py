@@ -257,7 +257,7 @@ def responses_body(
             "type": "message",
         }
     )
-    complete = finish_reason == "stop"
+    complete = finish_reason != "length"  # vLLM: an aborted one (a sleep's) is "completed"
     return _dumps(
         {
             "id": rid,

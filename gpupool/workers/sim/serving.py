@@ -1,9 +1,14 @@
-"""Running a :class:`Job` on the engine: streamed as vLLM's SSE, or as one JSON body."""
+"""Running a :class:`Job` on the engine: streamed as vLLM's SSE, or as one JSON body.
+
+A request the engine aborts (a ``/sleep`` with ``mode=abort``) ends as vLLM's does: a stream
+gets, for each choice still going, a chunk with an empty delta and ``finish_reason: "abort"``,
+then its usage (if asked) and ``[DONE]``; a whole body is a 200 with what was made by then.
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 from gpupool.workers.sim import render
 from gpupool.workers.sim.engine import Engine
@@ -23,6 +28,9 @@ class StreamFormat(Protocol):
     def chunk(
         self, index: int, piece: str, last: bool, finish: str | None, done: int | None
     ) -> bytes | None: ...
+
+    def aborted(self, index: int, done: int | None) -> bytes:
+        """The choice's last chunk when the engine aborted it: nothing new, ``abort``."""
 
     @property
     def reasoning_tokens(self) -> int | None: ...
@@ -51,11 +59,16 @@ class ChatFormat:
         delta = self._delta(index, piece, last)
         if not delta and finish is None:
             return None
-        use = None
-        if done is not None:
-            reasoning = None if self._splitters is None else self._reasoning[index]
-            use = render.chat_running_usage(self._prompt_tokens, done, reasoning)
-        return self.writer.chat_delta(index, delta, finish, use)
+        return self.writer.chat_delta(index, delta, finish, self._use(index, done))
+
+    def aborted(self, index: int, done: int | None) -> bytes:
+        return self.writer.chat_delta(index, {}, "abort", self._use(index, done))
+
+    def _use(self, index: int, done: int | None) -> dict[str, Any] | None:
+        if done is None:
+            return None
+        reasoning = None if self._splitters is None else self._reasoning[index]
+        return render.chat_running_usage(self._prompt_tokens, done, reasoning)
 
     @property
     def reasoning_tokens(self) -> int | None:
@@ -96,6 +109,10 @@ class TextFormat:
         use = None if done is None else render.usage(self._prompt_tokens, done)
         return self.writer.text_delta(index, piece, finish, use)
 
+    def aborted(self, index: int, done: int | None) -> bytes:
+        use = None if done is None else render.usage(self._prompt_tokens, done)
+        return self.writer.text_delta(index, "", "abort", use)
+
 
 def _writer(job: Job, obj: str) -> render.ChunkWriter:
     return render.ChunkWriter(
@@ -115,6 +132,9 @@ async def stream(
             knobs.check_crash(step)
             await run.pace(step)
             parts = fmt.opening() if step == 0 else []
+            if run.aborted:
+                yield b"".join(parts + _abort_chunks(fmt, job, step, counts))
+                break
             upto = run.available(step, steps)  # the GPU engine makes several a step: one write
             for at in range(step, upto):
                 if at > step:
@@ -123,12 +143,20 @@ async def stream(
             run.generated = sum(counts)
             yield b"".join(parts)
             step = upto
-        knobs.check_crash(steps)
+        if not run.aborted:
+            knobs.check_crash(steps)
         run.finish_reasons = job.finish_reasons
     if job.include_usage:
-        use = render.usage(job.prompt_tokens, job.generated, fmt.reasoning_tokens)
+        use = render.usage(job.prompt_tokens, sum(counts), fmt.reasoning_tokens)
         yield fmt.writer.usage(use)
     yield render.DONE
+
+
+def _abort_chunks(fmt: StreamFormat, job: Job, step: int, counts: list[int]) -> list[bytes]:
+    """The last chunk of every choice not finished before position ``step``."""
+    unfinished = [i for i, out in enumerate(job.outputs) if step < max(len(out.pieces), 1)]
+    cont = job.continuous_usage
+    return [fmt.aborted(i, counts[i] if cont else None) for i in unfinished]
 
 
 def _step_chunks(fmt: StreamFormat, job: Job, step: int, counts: list[int]) -> Iterator[bytes]:
@@ -149,8 +177,18 @@ async def run_full(engine: Engine, job: Job) -> None:
     """Hold a slot for as long as the whole output takes."""
     async with engine.running(job.admission) as run:
         await run.pace_all(job.steps)
+        if run.aborted:
+            _cut(job, run.made(job.steps))
         run.generated = job.generated
         run.finish_reasons = job.finish_reasons
+
+
+def _cut(job: Job, made: int) -> None:
+    """An aborted job keeps the first ``made`` positions of each choice; the choices that
+    had not finished by then end with ``abort``."""
+    for out in job.outputs:
+        if made < max(len(out.pieces), 1):
+            out.pieces, out.finish_reason = out.pieces[:made], "abort"
 
 
 def chat_body(job: Job) -> bytes:

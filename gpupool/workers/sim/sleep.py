@@ -8,13 +8,24 @@ Serves vLLM's dev-mode routes: ``POST /sleep?level=1|2&mode=...``, ``POST /wake_
 ``"error"`` (the next sleep answers 500; the worker stays awake) or ``"hang"`` (every sleep waits,
 awake, until the knob is changed, then sleeps as asked: a sleep held up past its caller's timeout).
 
+``mode`` is vLLM's: what a sleep does with the generations in flight (those waiting for a slot
+included). ``wait`` lets them finish (one whose client left ends at once), then sleeps; such a
+sleep is counted (``sleeps_waited``), not a violation: it loses nothing. ``abort`` (vLLM's
+default, when ``mode`` is absent) aborts them (each client gets what vLLM's gets: the stream ends
+with ``finish_reason: "abort"`` and ``[DONE]``, a whole reply is a 200 with what was made), then
+sleeps; that loses work, so it is a violation. ``keep`` (freeze them until the wake) is not
+simulated: 501. From the /sleep call until the worker sleeps, a generation request is refused
+(and a violation) as while asleep: vLLM would hold it until the wake.
+
 A shared-GPU ledger (``--sleep-ledger FILE``, one JSON file for every simulated worker of one
 GPU) holds each one's ``--gpu-memory-utilization`` share while it is awake. A start or a wake
 that would take the GPU past all of it fails the way CUDA does (start-up: the process exits with
 vLLM's free-memory error; a wake: 500 ``CUDA out of memory``) and is written to the ledger's
 ``violations``, as is any generation request (or stored response's route, ``stored.py``) that
-reaches a worker while it sleeps. Tests read the ledger to prove that two workers of one GPU were
-never awake together.
+reaches a worker while it sleeps, and any sleep that aborted a generation. Each member's entry
+also has its ``sleeps_waited``. Tests read the ledger to prove that two workers of one GPU were
+never awake together, that none was sent a request while it slept, and that no sleep cut a
+generation short.
 """
 
 from __future__ import annotations
@@ -39,6 +50,7 @@ _GENERATION = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/respons
 _STORED = "/v1/responses/"  # a stored response's routes: served by the engine's process
 _ROUTES = frozenset({"/sleep", "/wake_up", "/is_sleeping", "/collective_rpc", "/sim/sleep"})
 _TAGS = frozenset({"weights", "kv_cache"})
+_MODES = ("abort", "wait", "keep")  # vLLM's PauseMode; "abort" when the query has none
 _CTX_KEY = "gpupool.sim.sleep"
 
 
@@ -84,12 +96,17 @@ class SleepMode:
     level: int = 0
     awake_tags: set[str] = field(default_factory=lambda: set(_TAGS))
     sleeps: int = 0
+    sleeps_waited: int = 0  # sleeps (mode=wait) that waited for generations to end
     wakes: int = 0
+    falling: bool = False  # a /sleep is under way: generation requests are refused
     violations: list[str] = field(default_factory=list)
     wake_fail: str | None = None
     sleep_fail: str | None = None
     running: Callable[[], int] = lambda: 0  # generations in flight (the app sets it)
+    abort: Callable[[], None] = lambda: None  # the engine's abort of them all (the app sets it)
     _unhung: asyncio.Event = field(default_factory=asyncio.Event)  # set: sleeps go on
+    _ended: asyncio.Event = field(default_factory=asyncio.Event)  # set: a generation ended
+    _sleeping: asyncio.Lock = field(default_factory=asyncio.Lock)  # one sleep at a time
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -120,7 +137,8 @@ class SleepMode:
                 data.setdefault("violations", []).append(note)
                 self.violations.append(note)
                 return False
-            members[s.member] = {"share": s.share, "awake": True, "pid": os.getpid()}
+            members[s.member] = {"share": s.share, "awake": True, "pid": os.getpid(),
+                                 "sleeps_waited": self.sleeps_waited}  # fmt: skip
             data.setdefault("peak_awake", 0.0)
             data["peak_awake"] = max(data["peak_awake"], others + s.share)
         return True
@@ -132,6 +150,7 @@ class SleepMode:
             member = data.setdefault("members", {}).get(self.settings.member)
             if member is not None:
                 member["awake"] = False
+                member["sleeps_waited"] = self.sleeps_waited
 
     def _violation(self, note: str) -> None:
         self.violations.append(note)
@@ -144,9 +163,9 @@ class SleepMode:
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> bool:
         """Serve a sleep route, or refuse generation while asleep; False: not ours."""
         path = scope["path"]
-        if (path in _GENERATION or path.startswith(_STORED)) and self.asleep:
+        if (path in _GENERATION or path.startswith(_STORED)) and (self.asleep or self.falling):
             await _drain(receive)
-            self._violation(f"{path} while asleep")
+            self._violation(f"{path} while {'asleep' if self.asleep else 'falling asleep'}")
             refusal = {"error": {"message": "The model is sleeping.", "code": 503}}
             await _reply(send, 503, refusal)
             return True
@@ -164,7 +183,7 @@ class SleepMode:
         if not self.settings.enabled and path != "/sim/sleep":
             return 500, {"error": {"message": "Sleep mode is not enabled (--enable-sleep-mode)."}}
         handlers: dict[tuple[str, str], Callable[[], Any]] = {
-            ("POST", "/sleep"): lambda: self.sleep(int((query.get("level") or ["1"])[0])),
+            ("POST", "/sleep"): lambda: self._sleep_route(query),
             ("POST", "/wake_up"): lambda: self.wake(set(query.get("tags") or _TAGS)),
             ("GET", "/is_sleeping"): lambda: self.is_sleeping(),
             ("POST", "/collective_rpc"): lambda: self.rpc(body),
@@ -180,9 +199,16 @@ class SleepMode:
         assert isinstance(result, tuple)
         return result
 
-    async def sleep(self, level: int) -> tuple[int, Any]:
-        if level not in (0, 1, 2):
-            return 422, {"detail": "level must be 0, 1 or 2"}
+    async def _sleep_route(self, query: dict[str, list[str]]) -> tuple[int, Any]:
+        level, mode, errors = _sleep_query(query)
+        if errors:
+            return 422, {"detail": errors}
+        return await self.sleep(level, mode)
+
+    async def sleep(self, level: int, mode: str = "abort") -> tuple[int, Any]:
+        if mode == "keep":
+            msg = "mode=keep (freeze the running requests until the wake) is not simulated."
+            return 501, {"error": {"message": msg, "type": "NotImplementedError", "code": 501}}
         if self.sleep_fail == "error":
             self.sleep_fail = None
             msg = "CUDA error: an illegal memory access (sim): the engine could not sleep."
@@ -190,14 +216,36 @@ class SleepMode:
         while self.sleep_fail == "hang":  # (its caller may have given up: it goes on all the same)
             self._unhung.clear()
             await self._unhung.wait()
-        if not self.asleep:
-            if self.running():
-                self._violation(f"sleep with {self.running()} generation(s) running")
-            await asyncio.sleep(self.settings.sleep_s)
-            self.asleep, self.level, self.awake_tags = True, max(level, 1), set()
-            self.sleeps += 1
-            self._release()
+        async with self._sleeping:
+            if not self.asleep:
+                self.falling = True
+                try:
+                    await self._pause(mode)
+                    await asyncio.sleep(self.settings.sleep_s)
+                finally:
+                    self.falling = False
+                self.asleep, self.level, self.awake_tags = True, max(level, 1), set()
+                self.sleeps += 1
+                self._release()
         return 200, {"status": "sleeping", "level": level}
+
+    async def _pause(self, mode: str) -> None:
+        """vLLM's pause before a sleep: abort the generations in flight, or wait for them."""
+        running = self.running()
+        if not running:
+            return
+        if mode == "abort":
+            self._violation(f"sleep (mode=abort) aborted {running} generation(s)")
+            self.abort()
+        else:
+            self.sleeps_waited += 1
+        while self.running():  # (an aborted one ends at its next position: at once)
+            self._ended.clear()
+            await self._ended.wait()
+
+    def generation_ended(self) -> None:
+        """The app's word that a generation ended (a waiting sleep counts them again)."""
+        self._ended.set()
 
     async def wake(self, tags: set[str]) -> tuple[int, Any]:
         if not self.asleep:
@@ -232,6 +280,7 @@ class SleepMode:
         s = self.settings
         host = s.weights_gib if self.asleep and self.level == 1 else 0.0
         return 200, {"asleep": self.asleep, "level": self.level, "sleeps": self.sleeps,
+                     "sleeps_waited": self.sleeps_waited, "falling_asleep": self.falling,
                      "wakes": self.wakes, "host_ram_gib": host, "share": s.share,
                      "violations": self.violations}  # fmt: skip
 
@@ -264,6 +313,36 @@ def _holds(member: dict[str, Any]) -> bool:
     except (OSError, ValueError):
         return False
     return True
+
+
+def _sleep_query(query: dict[str, list[str]]) -> tuple[int, str, list[dict[str, Any]]]:
+    """``level`` and ``mode`` as vLLM's route reads them, and FastAPI's 422 details if bad."""
+    raw, mode = (query.get("level") or ["1"])[0], (query.get("mode") or ["abort"])[0]
+    errors: list[dict[str, Any]] = []
+    level = _level(raw, errors)
+    if mode not in _MODES:
+        expected = "'abort', 'wait' or 'keep'"
+        msg = f"Input should be {expected}"
+        errors.append({"type": "literal_error", "loc": ["query", "mode"], "msg": msg,
+                       "input": mode, "ctx": {"expected": expected}})  # fmt: skip
+    return level, mode, errors
+
+
+def _level(raw: str, errors: list[dict[str, Any]]) -> int:
+    where = ["query", "level"]
+    try:
+        level = int(raw)
+    except ValueError:
+        msg = "Input should be a valid integer, unable to parse string as an integer"
+        errors.append({"type": "int_parsing", "loc": where, "msg": msg, "input": raw})
+        return 1
+    if level < 0:
+        errors.append({"type": "greater_than_equal", "loc": where, "input": raw, "ctx": {"ge": 0},
+                       "msg": "Input should be greater than or equal to 0"})  # fmt: skip
+    elif level > 2:
+        errors.append({"type": "less_than_equal", "loc": where, "input": raw, "ctx": {"le": 2},
+                       "msg": "Input should be less than or equal to 2"})  # fmt: skip
+    return level
 
 
 async def _drain(receive: Receive) -> bytes:

@@ -19,6 +19,7 @@ from tests.gateway.swap.tools import (
     Sampler,
     ledger_of,
     serving,
+    sleeps_waited,
     two_model_config,
     wait_states,
     workers,
@@ -82,3 +83,4 @@ def test_a_stored_response_on_a_sleeping_worker_wakes_it_and_is_served(tmp_path:
         assert sampler.most_awake == 1
     ledger = ledger_of(tmp_path)  # no request reached a sleeping worker; never two awake
     assert ledger["violations"] == [] and ledger["peak_awake"] <= 1.0
+    assert set(sleeps_waited(ledger).values()) <= {0}  # nor a running one: nothing cut

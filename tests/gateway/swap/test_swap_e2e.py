@@ -2,8 +2,10 @@
 `gpupool sim` workers with sleep mode and a shared-GPU ledger, the openai client.
 
 Every test checks the invariants after the fact from the sims' own ledger (no start or wake
-while the other held the GPU, no request reached a sleeping worker, no sleep with a generation
-running) and, while it runs, from /admin/workers (never two members of the group awake)."""
+while the other held the GPU, no request reached a sleeping worker, no sleep aborted a
+generation, and none even found one running: the gateway asked each only once its own requests
+there had ended, so no stream was cut by a switch) and, while it runs, from /admin/workers
+(never two members of the group awake)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from tests.gateway.swap.tools import (
     ledger_of,
     metric,
     serving,
+    sleeps_waited,
     two_model_config,
     wait_states,
     workers,
@@ -41,6 +44,7 @@ def _clean(tmp: Path) -> None:
     ledger = ledger_of(tmp)
     assert ledger["violations"] == []
     assert ledger["peak_awake"] <= 1.0
+    assert set(sleeps_waited(ledger).values()) <= {0}
 
 
 @pytest.fixture

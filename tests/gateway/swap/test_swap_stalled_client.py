@@ -16,7 +16,14 @@ from pathlib import Path
 import httpx
 import openai
 
-from tests.gateway.swap.tools import launched, ledger_of, serving, two_model_config, workers
+from tests.gateway.swap.tools import (
+    launched,
+    ledger_of,
+    serving,
+    sleeps_waited,
+    two_model_config,
+    workers,
+)
 from tests.hostile_tools import assert_nothing_held
 
 DEADLINE_S = 60.0
@@ -68,7 +75,9 @@ def test_a_stalled_client_does_not_block_a_switch_forever(tmp_path: Path) -> Non
                        json={"model": "coder", "prompt": "hi", "max_tokens": 2})  # fmt: skip
             assert r.status_code == 200
     ledger = ledger_of(tmp_path)
-    assert ledger["peak_awake"] <= 1.0  # never both awake, no request to a sleeping worker:
-    # (but the worker may see /sleep before the abort of the request the gateway let go of: a
-    # race of any client that leaves during a switch, stalled or not; not this test's subject)
-    assert [v for v in ledger["violations"] if "generation(s) running" not in v] == []
+    assert ledger["peak_awake"] <= 1.0  # never both awake, no request to a sleeping worker,
+    assert ledger["violations"] == []  # no sleep aborted a generation
+    # (the worker may see /sleep before the abort of the request the gateway let go of: a race
+    # of any client that leaves during a switch, stalled or not. The gateway's mode=wait covers
+    # it as vLLM's does: the sleep waits for that abort, a moment, and cuts nothing.)
+    assert sum(sleeps_waited(ledger).values()) <= 1  # (that race's, if it came)

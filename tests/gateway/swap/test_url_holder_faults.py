@@ -22,7 +22,14 @@ import openai
 import pytest
 
 from tests.conftest import RedisServer
-from tests.gateway.swap.tools import Sampler, ledger_of, serving, wait_states, workers
+from tests.gateway.swap.tools import (
+    Sampler,
+    ledger_of,
+    serving,
+    sleeps_waited,
+    wait_states,
+    workers,
+)
 from tests.hostile_tools import assert_nothing_held
 from tests.procs import Proc, running, sim
 
@@ -80,6 +87,7 @@ def clean(gw: Proc, tmp: Path) -> None:
     ledger = ledger_of(tmp)
     assert ledger["violations"] == []  # no wake (or request) while the other held the GPU
     assert ledger["peak_awake"] <= 1.0
+    assert set(sleeps_waited(ledger).values()) <= {0}  # no sleep found a request running
     assert_nothing_held(gw.url)
 
 

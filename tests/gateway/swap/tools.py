@@ -1,8 +1,8 @@
 """Swap-group test stacks: `gpupool serve` with launched (or url:) simulated workers that share
 one simulated GPU through a sleep ledger, and a sampler that checks the invariants while a
 test runs (never two members of a group ready at once; the ledger records every wake or start
-that would not fit, every request a sleeping worker received, every sleep with requests
-running)."""
+that would not fit, every request a sleeping (or falling asleep) worker received, every sleep
+that aborted a generation, and each member's sleeps that had to wait for one)."""
 
 from __future__ import annotations
 
@@ -57,6 +57,15 @@ def two_model_config(tmp: Path, **extra: Any) -> dict[str, Any]:
 def ledger_of(tmp: Path) -> dict[str, Any]:
     path = tmp / "gpu0-ledger.json"
     return json.loads(path.read_text()) if path.exists() else {"members": {}, "violations": []}
+
+
+def sleeps_waited(ledger: dict[str, Any]) -> dict[str, int]:
+    """Each member's sleeps that found a generation running (``mode=wait`` let it finish).
+
+    None where every client stays: the gateway asks for a sleep once its own in-flight count
+    for the worker is 0, so nothing runs there then, and no stream of its can be cut. (A client
+    that leaves mid-stream may make one: its abort reaches the worker a moment late.)"""
+    return {name: m.get("sleeps_waited", 0) for name, m in ledger["members"].items()}
 
 
 def workers(gw: Proc) -> dict[str, dict[str, Any]]:
