@@ -22,6 +22,14 @@ case $verb in
     if [ "${LANE_REHEARSAL:-0}" != 1 ]; then bash "$here/install.sh" || exit 1; fi
     rm -rf "$dir" && mkdir -p "$dir"
     export LANE_SHARE_CACHE=1  # a later phase's worker of an earlier phase's shape starts warm
+    # run from a copy: the device removes a carried folder (a clean `git archive` snapshot,
+    # say) before a later command that does not carry it, and the phases would lose their code
+    root=$(cd "$here/../.." && pwd)
+    mkdir -p "$dir/src" && (cd "$root" && tar -cf - --exclude=./.gpu --exclude=./.git \
+        --exclude=./.venv --exclude=./.venv-vllm --exclude=./.models --exclude=./.lane-src .) \
+        | tar -xf - -C "$dir/src"
+    here=$dir/src/scripts/gpu_lane
+    cd "$dir/src" || exit 1
     setsid nohup bash -c '
       here=$1 dir=$2; shift 2
       for spec in "$@"; do
