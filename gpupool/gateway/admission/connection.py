@@ -14,16 +14,23 @@ A failed call on the request pool is only a *suspicion*: :class:`Probe` then pin
 the control client (one probe at a time, shared by every caller that suspects), and only a
 failed ping (refused, reset, or no answer within the socket timeout) declares Redis down.
 
-An error *reply* is different: Redis answered and said no (``OOM`` when full with
-``noeviction``, ``READONLY`` on a replica, ``MISCONF``, ``MASTERDOWN``, ``BUSY``, a script's
-error). A ``PING`` still answers then, so probing would call Redis up and every request would
-fail again: such a failure is :class:`StoreRefused`, which callers treat as an outage at once.
-Every Redis failure reaches callers through :func:`unavailable`, as one of these two, naming its
-cause. ``NOSCRIPT`` never reaches them: redis-py's ``Script`` objects (``register_script``)
-load the script again and retry.
+An error *reply* about the server's state is different: Redis answered and said no to every
+write alike (``OOM`` when full with ``noeviction``, ``READONLY`` on a replica, ``MISCONF``,
+``MASTERDOWN``, ``NOREPLICAS``, ``BUSY``, ``LOADING``, ``CLUSTERDOWN``, ``TRYAGAIN``). A ``PING``
+still answers then, so probing would call Redis up and every request would fail again: such a
+failure is :class:`StoreRefused`, which callers treat as an outage at once.
+
+Any other error reply is about the call itself: a script's bug, ``WRONGTYPE`` on a key someone
+else wrote, an argument a request made invalid (or a call redis-py could not make). Redis is as
+well as before, so it is :class:`StoreFailed`, deliberately no ``StoreUnavailable``: the one
+request fails (a 503 in its route's shape, logged with the traceback), nothing goes into outage
+mode. Every Redis failure reaches callers through :func:`store_error`, as one of these three,
+naming its cause. ``NOSCRIPT`` never reaches them: redis-py's ``Script`` objects
+(``register_script``) load the script again and retry.
 
     StoreUnavailable   unreachable: connection refused, reset, timed out (the probe decides)
-    └── StoreRefused   an error reply, or a call redis-py could not make (no probe: down now)
+    └── StoreRefused   a server-state error reply (no probe: down now)
+    StoreFailed        any other error reply: this call failed, Redis is not down
 """
 
 from __future__ import annotations
@@ -33,14 +40,31 @@ import asyncio
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import (
+    BusyLoadingError,
+    ClusterDownError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 # Every failure of a Redis call: redis-py's errors (the connection's, and the server's error
-# replies) and the socket's own. ``unavailable`` sorts them.
+# replies) and the socket's own. ``store_error`` sorts them.
 REDIS_FAILURES = (RedisError, OSError)
+# Error replies about the server's state, not the call: every write fails alike until it
+# changes. redis-py's own classes where it has one (MASTERDOWN is a ClusterDownError; LOADING's
+# BusyLoadingError is a ConnectionError, so it is checked first), the reply's first word
+# otherwise (a plain ResponseError keeps it: "MISCONF ...").
+STATE_ERRORS = (OutOfMemoryError, ReadOnlyError, BusyLoadingError, ClusterDownError, TryAgainError)
+STATE_REPLIES = frozenset(
+    {"OOM", "READONLY", "MISCONF", "MASTERDOWN", "NOREPLICAS", "BUSY", "LOADING", "CLUSTERDOWN",
+     "TRYAGAIN"}
+)  # fmt: skip
 CONTROL_CONNECTIONS = 3  # pub/sub listener, maintenance, probe
 
 
@@ -50,17 +74,33 @@ class StoreUnavailable(Exception):
 
 
 class StoreRefused(StoreUnavailable):
-    """Redis answered with an error (full, read-only, ``MISCONF``…), or redis-py could not make
-    the call: a ``PING`` proves nothing, so this is an outage as it stands, without a probe.
-    It ends when a write succeeds again (each backend's recovery writes before going back)."""
+    """Redis answered with an error about its state (full, read-only, ``MISCONF``…): a ``PING``
+    proves nothing, so this is an outage as it stands, without a probe. It ends when a write
+    succeeds again (each backend's recovery writes before going back)."""
 
 
-def unavailable(exc: BaseException) -> StoreUnavailable:
+class StoreFailed(Exception):
+    """Redis rejected this one call (a script's error, ``WRONGTYPE``, a bad argument) while
+    being well: the request that made it fails, Redis is not marked down. Not a
+    ``StoreUnavailable``, so no outage handler can take it for one."""
+
+
+def store_error(exc: BaseException) -> StoreUnavailable | StoreFailed:
     """A failed Redis call (one of ``REDIS_FAILURES``) as callers handle it, with its cause."""
     cause = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if is_state_reply(exc):
+        return StoreRefused(cause)
     if isinstance(exc, CONNECTION_ERRORS):
         return StoreUnavailable(cause)
-    return StoreRefused(cause)
+    return StoreFailed(cause)
+
+
+def is_state_reply(exc: BaseException) -> bool:
+    """Is ``exc`` an error reply about the server's state (an outage), not about the call?"""
+    if isinstance(exc, STATE_ERRORS):
+        return True
+    words = str(exc).split(maxsplit=1) if isinstance(exc, ResponseError) else []
+    return bool(words) and words[0] in STATE_REPLIES
 
 
 def socket_timeout_s(lease_ttl_s: float) -> float:

@@ -26,22 +26,25 @@ Outage. Calls of the request path go through a bounded pool that waits for a fre
 (``connection.py``), so a burst is never an outage. A failed call (refused, reset, timed out) is
 only a suspicion: Redis is marked down when the health probe, a ``PING`` over the control
 client, fails too; otherwise the call is retried (every script is idempotent). A call Redis
-refused with an error reply (``OOM`` when full, ``READONLY`` on a replica, ``MISCONF``…) marks it
-down at once: the probe's ``PING`` would still answer. Heartbeat, renewal, re-check and pub/sub
-use that control client, never the request pool, so a burst waiting for connections cannot delay
-a renewal past the TTL. Policy ``reject``: new and waiting requests get ``ServiceUnavailable``
-(503, ``Retry-After`` one renewal interval). Policy ``local``: they are served by a
-:class:`MemoryAdmission` over this replica's share of each worker (``capacity // replicas_hint``,
-at least 1); the leases this replica already holds through Redis are counted in that share
-(``force_hold``), so the replica does not exceed its share by the requests it was already
-running. Releases during the outage are local only. The maintenance loop pings Redis every
-``recheck_interval_s``; when it answers and takes the renewal (a write, the heartbeat first,
-which a full or read-only Redis refuses), the replica re-asserts every lease it still holds,
-Redis-granted or local, as a Redis lease (Redis then counts the work really running, possibly
-above capacity for a moment: it grants nothing on that worker until the count drops below),
-drops its stale tickets, switches new requests back to Redis and moves its local waiters back to
-the Redis queue (with their remaining wait). Nothing restarts and nothing leaks: a lease is
-either re-asserted while held or, if its release could not reach Redis (or Redis refused it),
+refused with an error reply about its state (``OOM`` when full, ``READONLY`` on a replica,
+``MISCONF``…) marks it down at once: the probe's ``PING`` would still answer. Any other error
+reply (a script's error, ``WRONGTYPE`` on a key someone else wrote: ``StoreFailed``) fails only
+the request that made the call, with a 503 and the traceback logged; Redis stays in use, and what
+the call wrote before failing is withdrawn (or left to the lease TTL and the renewal's sweep).
+Heartbeat, renewal, re-check and pub/sub use that control client, never the request pool, so a
+burst waiting for connections cannot delay a renewal past the TTL. Policy ``reject``: new and
+waiting requests get ``ServiceUnavailable`` (503, ``Retry-After`` one renewal interval). Policy
+``local``: they are served by a :class:`MemoryAdmission` over this replica's share of each worker
+(``capacity // replicas_hint``, at least 1); the leases this replica already holds through
+Redis are counted in that share (``force_hold``), so the replica does not exceed its share by the
+requests it was already running. Releases during the outage are local only. The maintenance loop
+pings Redis every ``recheck_interval_s``; when it answers and takes the renewal (a write, the
+heartbeat first, which a full or read-only Redis refuses), the replica re-asserts every lease it
+still holds, Redis-granted or local, as a Redis lease (Redis then counts the work really running,
+possibly above capacity for a moment: it grants nothing on that worker until the count drops
+below), drops its stale tickets, switches new requests back to Redis and moves its local waiters
+back to the Redis queue (with their remaining wait). Nothing restarts and nothing leaks: a lease
+is either re-asserted while held or, if its release could not reach Redis (or Redis refused it),
 expires with its TTL (or vanished with a restarted Redis).
 
 Limits. Capacity is exact while Redis is up. At the moment of failover, a replica holding less
@@ -71,6 +74,7 @@ from gpupool.gateway.admission.connection import (
     CONTROL_CONNECTIONS,
     REDIS_FAILURES,
     Probe,
+    StoreFailed,
     StoreRefused,
     StoreUnavailable,
     redis_client,
@@ -189,6 +193,8 @@ class RedisAdmission:
             await self._recover()
         except StoreUnavailable as exc:
             log.warning("admission: Redis unavailable at start (%s); policy %s", exc, self._policy)
+        except StoreFailed:  # retried by the maintenance loop, as an outage at start
+            log.exception("admission: a Redis call failed at start; policy %s", self._policy)
         self._loops = [self._spawn(self._listen()), self._spawn(self._maintain())]
 
     async def close(self) -> None:
@@ -204,7 +210,7 @@ class RedisAdmission:
                 waiter.fut.set_exception(ServiceUnavailable("The gateway is shutting down."))
         await self._local.close()
         if self._up:
-            with contextlib.suppress(StoreUnavailable):
+            with contextlib.suppress(StoreUnavailable, StoreFailed):
                 await self._ctl.retire(self.replica_id)
         await self._client.aclose()
         await self._control.aclose()
@@ -265,6 +271,11 @@ class RedisAdmission:
                 view.update(await self._store.snapshot())
             except StoreUnavailable as exc:
                 await self._suspect(exc)
+            except StoreFailed as exc:
+                log.exception("admission: reading the shared queue's state failed")
+                raise ServiceUnavailable(
+                    "The shared queue's state could not be read; retry later."
+                ) from exc
         return view
 
     # -- acquiring ------------------------------------------------------------------------
@@ -321,6 +332,14 @@ class RedisAdmission:
             await self._suspect(exc)
             self._spawn(self._withdraw(waiter.iid))
             raise RedisDown() from exc
+        except StoreFailed as exc:
+            # Redis rejected this call (a script's error, WRONGTYPE…) but is well: only this
+            # request fails. What the call wrote before its error is withdrawn (or released).
+            log.exception("admission: a Redis call failed; this request fails, Redis stays in use")
+            await asyncio.shield(self._spawn(self._withdraw(waiter.iid)))
+            raise ServiceUnavailable(
+                "Admission failed for this request: the shared queue rejected a call; retry later."
+            ) from exc
         except (QueueFull, QueueTimeout, RedisDown, Requeued, ServiceUnavailable):
             raise
         except BaseException:
@@ -406,6 +425,9 @@ class RedisAdmission:
                 break
             except StoreUnavailable as exc:
                 await self._suspect(exc)
+            except StoreFailed:  # no longer renewed: the lease expires with its TTL
+                log.exception("admission: releasing a slot failed; it expires with its lease")
+                return
         for to, on in granted:  # our own waiters need not wait for the pub/sub echo
             self._wake(to, on)
 
@@ -421,6 +443,11 @@ class RedisAdmission:
                 return
             except StoreUnavailable as exc:
                 await self._suspect(exc)
+            except StoreFailed:
+                # the next renewal drops a ticket still waiting (``forget``); a slot it raced
+                # to is not renewed and expires with its lease
+                log.exception("admission: withdrawing a ticket failed; left to the renewal")
+                return
         # a call may still reach Redis later (a hung server wakes up): withdrawn on recovery
         self._doubtful.add(iid)
 
@@ -429,6 +456,8 @@ class RedisAdmission:
             await self._store.recheck(self._caps(workers), [])
         except StoreUnavailable as exc:
             await self._suspect(exc)
+        except StoreFailed:  # the maintenance loop's re-check dispatches again
+            log.exception("admission: dispatching %s failed", ", ".join(workers))
 
     async def _suspect(self, exc: BaseException) -> bool:
         """A call failed: Redis is down if it refused the call (an error reply), else only if

@@ -35,7 +35,7 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
 from gpupool.config.models import QueueConfig
-from gpupool.gateway.admission.connection import REDIS_FAILURES, unavailable
+from gpupool.gateway.admission.connection import REDIS_FAILURES, store_error
 from gpupool.gateway.admission.fairness import (
     PRIORITY_LIMIT,
     RATE_TAU_S,
@@ -429,9 +429,10 @@ def _flat(pairs: list[tuple[str, Any]]) -> list[Any]:
 class Store:
     """Typed calls of the scripts on one Redis client (``decode_responses=True``).
 
-    Every failure surfaces as :class:`~gpupool.gateway.admission.connection.StoreUnavailable`
-    (an error reply, a script's error included, as its ``StoreRefused``). A script the server
-    lost (``SCRIPT FLUSH``, a restart) is loaded again by redis-py's ``Script`` on ``NOSCRIPT``.
+    Every failure surfaces as one of ``connection.py``'s: ``StoreUnavailable`` (unreachable),
+    its ``StoreRefused`` (a server-state error reply: full, read-only…) or ``StoreFailed`` (any
+    other error reply, a script's error included: this call only). A script the server lost
+    (``SCRIPT FLUSH``, a restart) is loaded again by redis-py's ``Script`` on ``NOSCRIPT``.
     """
 
     def __init__(self, client: Redis, cfg: QueueConfig) -> None:
@@ -464,13 +465,13 @@ class Store:
         try:
             return await self._scripts[name](keys=[], args=[*self._common, *args])
         except REDIS_FAILURES as exc:
-            raise unavailable(exc) from exc
+            raise store_error(exc) from exc
 
     async def ping(self) -> None:
         try:
             await self._client.ping()
         except REDIS_FAILURES as exc:
-            raise unavailable(exc) from exc
+            raise store_error(exc) from exc
 
     async def acquire(
         self,
@@ -517,7 +518,7 @@ class Store:
         try:
             rank = await self._client.zrank(model_queue, key)
         except REDIS_FAILURES as exc:
-            raise unavailable(exc) from exc
+            raise store_error(exc) from exc
         return rank + 1 if isinstance(rank, int) else 1
 
     async def snapshot(self) -> dict[str, Any]:

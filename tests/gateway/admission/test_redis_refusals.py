@@ -31,7 +31,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import OutOfMemoryError, ResponseError
 
 from gpupool.config.models import GpupoolConfig
-from gpupool.gateway.admission.connection import StoreRefused, StoreUnavailable, unavailable
+from gpupool.gateway.admission.connection import StoreRefused, StoreUnavailable, store_error
 from gpupool.gateway.admission.redis_backend import RedisAdmission
 from gpupool.gateway.api.app import create_app
 from gpupool.gateway.services import Services, build_services
@@ -304,12 +304,13 @@ async def test_the_local_policy_serves_while_redis_refuses(
         await _nothing_held_eventually(gw)
 
 
-def test_an_error_reply_is_a_refusal_and_a_lost_connection_is_not() -> None:
+def test_a_state_reply_is_a_refusal_and_a_lost_connection_is_not() -> None:
+    # (every reply: tests/gateway/admission/test_redis_call_errors.py)
     misconf = ResponseError("MISCONF Redis is configured to save RDB snapshots, but it's ...")
     for exc in (misconf, OutOfMemoryError("command not allowed"), ResponseError("BUSY")):
-        mapped = unavailable(exc)
+        mapped = store_error(exc)
         assert isinstance(mapped, StoreRefused), exc
         assert type(exc).__name__ in str(mapped)
     for lost in (RedisConnectionError("reset"), TimeoutError(), ConnectionResetError()):
-        mapped = unavailable(lost)
+        mapped = store_error(lost)
         assert type(mapped) is StoreUnavailable, lost

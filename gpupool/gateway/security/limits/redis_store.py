@@ -31,7 +31,7 @@ from gpupool.gateway.admission.connection import (
     REDIS_FAILURES,
     Probe,
     redis_client,
-    unavailable,
+    store_error,
 )
 from gpupool.gateway.security.limits.base import (
     MAX_TOKENS,
@@ -186,8 +186,9 @@ class RedisLimits:
 
     Request-path calls (``take``, ``give``) use a pool that waits for a free connection;
     ``renew`` and the health probe use a control client of their own (``connection.py``).
-    Every failure surfaces as ``StoreUnavailable`` (an error reply as its ``StoreRefused``); a
-    script lost to ``SCRIPT FLUSH`` is loaded again by redis-py's ``Script``.
+    Every failure surfaces as ``StoreUnavailable`` (a server-state error reply as its
+    ``StoreRefused``) or, for any other error reply (this call only), ``StoreFailed``; a script
+    lost to ``SCRIPT FLUSH`` is loaded again by redis-py's ``Script``.
     """
 
     def __init__(self, url: str, prefix: str, lease_ttl_s: float) -> None:
@@ -206,7 +207,7 @@ class RedisLimits:
         try:
             return await script(keys=[], args=[self._prefix, name, self._ttl_ms, *args])
         except REDIS_FAILURES as exc:
-            raise unavailable(exc) from exc
+            raise store_error(exc) from exc
 
     async def take(self, name: str, policy: Policy, hold_id: str, charge: int) -> Refusal | None:
         p, charge = policy, tokens_of(charge)

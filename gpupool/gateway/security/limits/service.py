@@ -22,7 +22,10 @@ concurrency slots are leases renewed while held, so a dead replica's slots come 
 limits fail open to this replica's own memory store (logged with the cause), and go back to
 Redis once a renewal, which writes, succeeds. A hold whose give could not reach Redis is no
 longer counted here; it is given once Redis takes writes again, and expires with its lease TTL
-meanwhile (it is no longer renewed).
+meanwhile (it is no longer renewed). Any other error reply (a script's error, ``WRONGTYPE`` on
+a key someone else wrote: ``StoreFailed``) fails only the request whose call it was, with a
+503 and the traceback logged; Redis stays in use. What a failed take wrote before its error is
+given back at once (or expires: the hold with its lease TTL, the tokens with the window).
 """
 
 from __future__ import annotations
@@ -36,8 +39,8 @@ from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 from gpupool.config.models import GpupoolConfig, QueueBackend
-from gpupool.gateway.admission.connection import StoreRefused, StoreUnavailable
-from gpupool.gateway.errors import RateLimited
+from gpupool.gateway.admission.connection import StoreFailed, StoreRefused, StoreUnavailable
+from gpupool.gateway.errors import RateLimited, ServiceUnavailable
 from gpupool.gateway.security.keys import Principal
 from gpupool.gateway.security.limits.base import Limit, LimitStore, Policy, Refusal, Usage
 from gpupool.gateway.security.limits.memory import MemoryLimits
@@ -161,6 +164,9 @@ class KeyLimits:
         except StoreUnavailable as exc:  # this replica's own, as while Redis is down
             await self._suspect(exc)
             return local
+        except StoreFailed as exc:
+            log.exception("per-key limits: reading key %s's usage failed", name)
+            raise ServiceUnavailable(f"Key `{name}`'s usage could not be read.") from exc
         return Usage(
             shared.in_use + local.in_use,
             shared.reserved + local.reserved,
@@ -208,6 +214,14 @@ class KeyLimits:
                 self._unsettled[hold_id] = (name, policy, hold_id, charge, 0)
                 await self._suspect(exc)
                 continue
+            except StoreFailed as exc:
+                # Redis rejected this call (a script's error, WRONGTYPE…) but is well: only
+                # this request fails. What the script wrote before its error is given back.
+                log.exception("per-key limits: a Redis call failed; this request fails")
+                await asyncio.shield(self._spawn(self._undo((name, policy, hold_id, charge, 0))))
+                raise ServiceUnavailable(
+                    f"Key `{name}`'s limits could not be checked for this request; retry later."
+                ) from exc
             self._unsettled.pop(hold_id, None)
             if refusal is None:
                 self._held[hold_id] = name
@@ -231,8 +245,24 @@ class KeyLimits:
                 return
             except StoreUnavailable as exc:
                 await self._suspect(exc)
+            except StoreFailed:  # not renewed: the hold expires with its lease TTL
+                log.exception("per-key limits: giving a hold back failed; it expires")
+                return
         if redis is not None and hold.store is redis:  # settled once Redis answers again
             self._unsettled[hold.hold_id] = args
+
+    async def _undo(self, args: GiveArgs) -> None:
+        """Give back what a take that failed half way may have written (its hold, its tokens);
+        what this give cannot undo expires: the hold with its lease TTL (never renewed), the
+        tokens with the window."""
+        assert self._redis is not None
+        try:
+            await self._redis.give(*args)
+        except StoreUnavailable as exc:  # given once Redis answers again
+            self._unsettled[args[2]] = args
+            await self._suspect(exc)
+        except StoreFailed as exc:
+            log.warning("per-key limits: undoing a failed take failed too (%s); it expires", exc)
 
     async def _suspect(self, exc: BaseException) -> None:
         """A call failed: Redis is down if it refused (an error reply), or if the probe fails."""
@@ -269,7 +299,8 @@ class KeyLimits:
         try:
             await redis.renew([(name, hold_id) for hold_id, name in self._held.items()])
             for hold_id, args in list(self._unsettled.items()):
-                await redis.give(*args)
+                with contextlib.suppress(StoreFailed):  # a give Redis rejects: it expires
+                    await redis.give(*args)
                 self._unsettled.pop(hold_id, None)
         except StoreUnavailable as exc:
             await self._suspect(exc)
