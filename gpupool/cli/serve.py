@@ -46,7 +46,10 @@ def run_server(cfg: GpupoolConfig, config_path: str) -> None:
         port=cfg.server.port,
         loop="uvloop",
         http=guarded_protocol(
-            cfg.server.header_timeout_s, cfg.server.max_header_bytes, cfg.server.write_timeout_s
+            cfg.server.header_timeout_s,
+            cfg.server.max_header_bytes,
+            cfg.server.write_timeout_s,
+            cfg.server.write_min_bytes,
         ),
         access_log=cfg.server.access_log,
         # X-Forwarded-For only matters to the access log's client address; without that log,

@@ -64,10 +64,19 @@ class ServerConfig(_Strict):
     write_timeout_s: float = Field(
         60.0,
         gt=0,
-        description="Longest a client may take no bytes of its reply while the gateway waits "
-        "to write more (its socket's buffers full): then the connection is reset, the worker "
-        "request closed (vLLM aborts it) and its slots given back. A client that reads, "
-        "however slowly, is not cut (nginx's `send_timeout`).",
+        description="Window in which a client must take at least `write_min_bytes` of its "
+        "reply while the gateway waits to write more (its socket's buffers full); one that "
+        "takes less (stopped reading, or trickles) is cut: the connection is reset, the worker "
+        "request closed (vLLM aborts it) and its slots given back (nginx's `send_timeout`).",
+    )
+    write_min_bytes: int = Field(
+        16 * 1024,
+        ge=1,
+        description="Fewest bytes of its reply a client must take per `write_timeout_s` while "
+        "the gateway's writes wait for it (a minimum rate, as Apache's `MinRate`): 16 KiB a "
+        "minute is ~270 B/s, far below any real reader on a slow link, far above a client "
+        "that takes one TCP segment now and then to hold a worker slot. 1: any byte is "
+        "progress.",
     )
     upstream_connect_timeout_s: float = Field(
         5.0, gt=0, description="Time to open a connection to a worker."

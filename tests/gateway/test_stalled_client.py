@@ -1,4 +1,4 @@
-"""A client that stops reading is cut after ``server.write_timeout_s`` (``api/stall.py``).
+"""A client that stops reading, or trickles, is cut after ``server.write_timeout_s`` (``stall.py``).
 
 Found by review: a client that opens a stream (or a large whole reply) and then never reads,
 without closing its socket, blocked the gateway's writes forever, and with them the request's
@@ -40,6 +40,7 @@ WRITE_TIMEOUT_S = 1.0
 # a gateway of its own for readers that must never be cut: a test process descheduled for a
 # second on a loaded machine would look stalled to a 1 s bound, not to this one
 STEADY_TIMEOUT_S = 10.0
+STEADY_MIN_BYTES = 128 * 1024  # per 10 s: 13 KB/s, 30 times under the slow reader's pace
 RUN = 16 * 1024  # spaces in one of the script's tokens
 DEADLINE_S = 60.0
 
@@ -121,7 +122,8 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     w = sim(model=MODEL, tmp=tmp, max_num_seqs=16, itl_ms=2, script_file=str(script),
             max_model_len=8192)  # fmt: skip
     endless = EndlessStreams(OTHER)
-    with endless.running(), running(w), _gateway(tmp, w.url, endless.url, WRITE_TIMEOUT_S) as g:
+    server = {"write_timeout_s": WRITE_TIMEOUT_S}
+    with endless.running(), running(w), _gateway(tmp, w.url, endless.url, server) as g:
         yield Pool(g, w.url, endless, tmp)
 
 
@@ -130,14 +132,15 @@ def steady(pool: Pool) -> Iterator[Proc]:
     """A gateway before the same workers whose bound no scheduling delay reaches."""
     tmp = pool.tmp / "steady"
     tmp.mkdir()
-    with _gateway(tmp, pool.worker, pool.streams.url, STEADY_TIMEOUT_S) as g:
+    server = {"write_timeout_s": STEADY_TIMEOUT_S, "write_min_bytes": STEADY_MIN_BYTES}
+    with _gateway(tmp, pool.worker, pool.streams.url, server) as g:
         yield g
 
 
 @contextmanager
-def _gateway(tmp: Path, worker: str, endless: str, write_timeout_s: float) -> Iterator[Proc]:
+def _gateway(tmp: Path, worker: str, endless: str, server: dict[str, Any]) -> Iterator[Proc]:
     cfg = {
-        "server": {"write_timeout_s": write_timeout_s},
+        "server": server,
         "models": [{"name": MODEL}, {"name": OTHER}],
         "workers": [{"name": "w", "model": MODEL, "url": worker, "max_inflight": 8},
                     {"name": "e", "model": OTHER, "url": endless, "max_inflight": 4}],
@@ -267,7 +270,8 @@ def test_a_stream_its_client_stops_reading_is_cut_and_gives_back_everything(
 
 def test_a_slow_but_steady_reader_is_not_cut(steady: Proc) -> None:
     """A client reading ten times slower than the stream comes (its buffers full, the gateway's
-    writes paused for longer than ``write_timeout_s`` in all) gets all of it."""
+    writes paused for longer than ``write_timeout_s`` in all), but some 30 times faster than
+    ``write_min_bytes`` asks, gets all of it."""
     gw, rid = steady, "slow-reader"
     path, body = _stream_body("completions", 600)  # 300 runs of 16 KiB: 4.9 MB
     s = _client(gw.url, rcvbuf=None)
@@ -286,6 +290,41 @@ def test_a_slow_but_steady_reader_is_not_cut(steady: Proc) -> None:
     assert events.endswith(b"data: [DONE]\n\n")
     assert events.count(b" " * RUN) == 300  # every run came, nothing cut
     assert not _logged(gw, rid, "write_timeout_s")
+    assert_nothing_held(gw.url, ADMIN_H)
+
+
+def test_a_trickling_reader_is_cut_and_gives_back_everything(pool: Pool, steady: Proc) -> None:
+    """Found by review: a client that takes a little now and then (progress, so no stall) held
+    its worker slot and key slot for hours. Here it reads 512 bytes every quarter second, at
+    most 20 KB per ``write_timeout_s`` (a loaded machine only makes it slower), against a
+    minimum of 128 KiB: it is cut and gives everything back."""
+    gw, rid = steady, "trickle"
+    # the stand-in's endless stream: a simulator's would end on its own within the window
+    path, body = _stream_body("responses", 3000)
+    aborted, cancelled = _aborted(pool, "responses"), _cancelled(gw.url)
+    s = _client(gw.url)
+    s.settimeout(DEADLINE_S)
+    got, deadline = 0, time.monotonic() + DEADLINE_S
+    try:
+        s.sendall(_request(path, body, rid))
+        while not _logged(gw, f"client={rid}]", "server.write_timeout_s"):
+            assert time.monotonic() < deadline, "the trickling reader never cut"
+            try:
+                data = s.recv(512)
+            except ConnectionResetError:
+                break
+            assert data, "the gateway closed the stream without a reset"
+            got += len(data)
+            time.sleep(0.25)
+        assert got > 0  # it did read: a stall by takes-nothing alone would not catch it
+        _wait(lambda: _logged(gw, f"client={rid}]", "server.write_min_bytes"), "the cut logged")
+        assert_nothing_held(gw.url, ADMIN_H, within_s=DEADLINE_S)
+        _wait(lambda: _aborted(pool, "responses") > aborted, "the worker's request closed")
+        _wait(lambda: _cancelled(gw.url) > cancelled, "counted as a client that left")
+        assert _cut(s)
+    finally:
+        s.close()
+    _answered(gw.url)
     assert_nothing_held(gw.url, ADMIN_H)
 
 
@@ -347,7 +386,11 @@ def test_a_request_pipelined_behind_an_unread_reply_is_cut_and_gives_back_everyt
     assert_nothing_held(gw.url, ADMIN_H)
 
 
-def test_the_setting_has_a_serious_default_and_no_zero() -> None:
+def test_the_settings_have_serious_defaults_and_no_zero() -> None:
     assert 30.0 <= ServerConfig().write_timeout_s <= 60.0
+    # a minimum rate of ~270 B/s: no real reader is that slow, a trickle of segments is
+    assert 4 * 1024 <= ServerConfig().write_min_bytes <= 64 * 1024
     with pytest.raises(ValidationError, match="write_timeout_s"):
         ServerConfig(write_timeout_s=0)
+    with pytest.raises(ValidationError, match="write_min_bytes"):
+        ServerConfig(write_min_bytes=0)

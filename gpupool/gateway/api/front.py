@@ -226,11 +226,12 @@ class Front:
 
 
 def _log_stall(out: Out, incoming: Incoming) -> None:
-    """The line for a client cut for taking no bytes of its reply (``stall.py``), if it was."""
+    """The line for a client cut for taking too little of its reply (``stall.py``), if it was."""
     if out.stalled:
         log.warning(
-            "request %s cut: its client took no bytes of the reply for %g s "
-            "(server.write_timeout_s); its worker request closed, its slots given back",
+            "request %s cut: its client took too little of the reply in %g s "
+            "(server.write_min_bytes per server.write_timeout_s); its worker request closed, "
+            "its slots given back",
             incoming.request_id, out.stalled,
         )  # fmt: skip
 

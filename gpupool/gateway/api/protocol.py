@@ -6,8 +6,9 @@
 - The request head may not exceed ``max_head_bytes``; beyond it: 431 and close.
 - An idle keep-alive connection is closed after uvicorn's ``timeout_keep_alive``, by one timer
   per connection rather than one armed and cancelled per request.
-- A client that takes no bytes of a reply for ``write_timeout_s`` while the gateway's writes
-  wait for it is cut (``stall.py``); the request it was served is told as of any disconnect.
+- A client that takes fewer than ``write_min_bytes`` of a reply in ``write_timeout_s`` while
+  the gateway's writes wait for it is cut (``stall.py``); the request it was served is told as
+  of any disconnect.
 Bodies are bounded by size and time in the application (``read_body``).
 
 And one saving on every response: a response with a ``content-length`` (every whole JSON
@@ -52,6 +53,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     head_timeout_s = 10.0
     max_head_bytes = 64 * 1024
     write_timeout_s = 60.0
+    write_min_bytes = 16 * 1024
     _head_timer: asyncio.TimerHandle | None = None
     _head_bytes = 0
     _in_head = False
@@ -135,8 +137,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         stall = self._stall
         if stall is None:
             stall = self._stall = WriteStall(
-                self.loop, self.transport, self.write_timeout_s, self._write_stalled
-            )
+                self.loop, self.transport, self.write_timeout_s, self._write_stalled,
+                self.write_min_bytes,
+            )  # fmt: skip
         stall.paused()
 
     def resume_writing(self) -> None:
@@ -145,13 +148,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._stall.resumed()
 
     def _write_stalled(self) -> None:
-        """Its client took nothing for ``write_timeout_s``: cut. A request being served hears
+        """Its client took too little in ``write_timeout_s``: cut. A request being served hears
         it as a disconnect, and the front door, watching it, logs the line with its id."""
         if not self._tell_stall():
             host, port = self.client or ("-", 0)
             log.warning(
-                "cut a connection from %s:%s: its client took no bytes of a reply for %g s "
-                "(server.write_timeout_s)", host, port, self.write_timeout_s,
+                "cut a connection from %s:%s: its client took under %d bytes of a reply in "
+                "%g s (server.write_min_bytes, server.write_timeout_s)",
+                host, port, self.write_min_bytes, self.write_timeout_s,
             )  # fmt: skip
         reset(self.transport)
 
@@ -407,10 +411,10 @@ class CoalescingCycle(RequestResponseCycle):
 
     _held: Any = None
     _on_disconnect: Callable[[], None] | None = None
-    stalled = 0.0  # > 0: cut after its client took no bytes for this many seconds
+    stalled = 0.0  # > 0: cut after its client took too little in this many seconds
 
     def stall(self, seconds: float) -> bool:
-        """Its client took no bytes for ``seconds``: it is being cut. Whether the front door
+        """Its client took too little in ``seconds``: it is being cut. Whether the front door
         watches it (and logs the cut, with the request's id)."""
         self.stalled = seconds
         return self._on_disconnect is not None
@@ -525,9 +529,13 @@ def _sized(message: Any) -> bool:
 
 
 def guarded_protocol(
-    head_timeout_s: float, max_head_bytes: int, write_timeout_s: float = 60.0
+    head_timeout_s: float,
+    max_head_bytes: int,
+    write_timeout_s: float = 60.0,
+    write_min_bytes: int = 16 * 1024,
 ) -> type[HttpToolsProtocol]:
     """The protocol class uvicorn instantiates per connection, with these limits."""
     limits = {"head_timeout_s": head_timeout_s, "max_head_bytes": max_head_bytes,
-              "write_timeout_s": write_timeout_s}  # fmt: skip
+              "write_timeout_s": write_timeout_s,
+              "write_min_bytes": write_min_bytes}  # fmt: skip
     return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), limits)
