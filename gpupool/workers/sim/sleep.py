@@ -4,7 +4,10 @@ Serves vLLM's dev-mode routes: ``POST /sleep?level=1|2&mode=...``, ``POST /wake_
 ``GET /is_sleeping``, ``POST /collective_rpc`` (``reload_weights``), with the time each takes
 (``--sleep-s``, ``--wake-s``, ``--reload-s``) and the host RAM a level-1 sleep would hold
 (``--weights-gib``), shown by ``GET /sim/sleep``. ``POST /sim/sleep`` sets ``wake_fail``:
-``"error"`` (the next wake answers 500) or ``"crash"`` (the process exits), and ``sleep_fail``:
+``"error"`` (the next wake answers 500), ``"crash"`` (the process exits) or ``"kv_cache"`` (every
+wake of the ``kv_cache`` tag answers 500 after waking the other tags, until the knob is changed:
+a level-2 wake that fails half-way, weights on the GPU while ``/is_sleeping`` says true, as in
+vLLM while any tag sleeps), and ``sleep_fail``:
 ``"error"`` (the next sleep answers 500; the worker stays awake) or ``"hang"`` (every sleep waits,
 awake, until the knob is changed, then sleeps as asked: a sleep held up past its caller's timeout).
 
@@ -254,10 +257,14 @@ class SleepMode:
             print("RuntimeError: CUDA error: an illegal memory access", file=sys.stderr, flush=True)
             os._exit(1)
         if self.wake_fail == "error" or (not self.awake_tags and not self._claim("wake")):
-            self.wake_fail = None
+            self.wake_fail = None if self.wake_fail == "error" else self.wake_fail
             msg = "CUDA out of memory. Tried to allocate the model's weights (sim)."
             return 500, {"error": {"message": msg, "type": "InternalServerError", "code": 500}}
         await asyncio.sleep(self.settings.wake_s)
+        if self.wake_fail == "kv_cache" and "kv_cache" in tags:
+            self.awake_tags |= tags & _TAGS - {"kv_cache"}
+            msg = "CUDA out of memory. Tried to allocate the KV cache (sim)."
+            return 500, {"error": {"message": msg, "type": "InternalServerError", "code": 500}}
         self.awake_tags |= tags & _TAGS
         if self.awake_tags == _TAGS:
             self.asleep, self.level = False, 0
@@ -292,8 +299,8 @@ class SleepMode:
         if not isinstance(knobs, dict):
             return 400, {"detail": "a JSON object"}
         wake, sleep = knobs.get("wake_fail"), knobs.get("sleep_fail")
-        if wake not in (None, "error", "crash") or sleep not in (None, "error", "hang"):
-            detail = "wake_fail: error, crash or null; sleep_fail: error, hang or null"
+        if wake not in (None, "error", "crash", "kv_cache") or sleep not in (None, "error", "hang"):
+            detail = "wake_fail: error, crash, kv_cache or null; sleep_fail: error, hang or null"
             return 400, {"detail": detail}
         self.wake_fail, self.sleep_fail = wake, sleep
         self._unhung.set()

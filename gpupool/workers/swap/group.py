@@ -21,12 +21,20 @@ a reload) stays the holder and is read again at the health pace (``read_s``): as
 free; awake and serving, it is put to sleep if another model waits (or a /sleep of ours may still
 be running), else marked ready; unknown, the group waits for it, saying so in ``last_error``.
 Only the group marks a ``url:`` member ready (the poller does not: it cannot ask /is_sleeping).
+After a wake of ours that failed or went unanswered (``Member.wake_unsure``), "asleep" is no
+proof: vLLM's /is_sleeping says true while any tag sleeps, so a level-2 wake that failed after
+``tags=weights`` leaves the weights on the GPU. Such a member is sent a plain /wake_up (its
+remaining tags), then /sleep, and frees the GPU only once that /sleep answers.
 
 Start-up: ``url:`` members are asked ``/is_sleeping``; the first awake one keeps the GPU and any
-other awake one is put to sleep. Launched members start one after another, each put to sleep once
-ready (vLLM sizes its KV cache from the free memory it finds), the group's first one last, so it
-ends awake. Then the loop: every ``tick_s`` the policy (``policy.py``) says whose turn it is, and
-an idle holder with ``sleep.idle_s`` is put to sleep.
+other awake one is put to sleep. Every other ``url:`` member not read as asleep (unreachable, or
+its /sleep failed) is *in doubt*; so is one that a switch found unreachable. Members in doubt are
+read again at the same pace (asleep: out of doubt; awake: put to sleep), and no switch wakes a
+member while another is in doubt (the target's ``last_error`` names the one it waits for). Launched
+members start one after another, each put to sleep once ready (vLLM sizes its KV cache from the
+free memory it finds), the group's first one last, so it ends awake. Then the loop: every
+``tick_s`` the policy (``policy.py``) says whose turn it is, and an idle holder with
+``sleep.idle_s`` is put to sleep.
 """
 
 from __future__ import annotations
@@ -73,6 +81,10 @@ class Member:
     slept_at: int | None = None  # the level of its current sleep (an admin may pick another)
     next_level: int | None = None  # the level of its next sleep only (admin ``?level=``)
     sleep_asked: bool = False  # (url:) a /sleep of ours failed: it may still be falling asleep
+    # (url:) a wake of ours failed or went unanswered: its "is_sleeping: true" is no proof (vLLM
+    # says true while any tag sleeps: a level-2 wake that failed after ``tags=weights`` leaves the
+    # weights on the GPU); only a /sleep of ours that answers (or a wake that does) clears it
+    wake_unsure: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +115,10 @@ class SwapGroup:
         self._last_active = time.monotonic()
         self._seen_total = -1
         self._read_at = 0.0  # a url: holder in doubt is read again from then (``_reread``)
+        # url: members other than the holder that may be awake (never read as asleep): no
+        # other member wakes while one is here; read again at the same pace (``_reread_doubt``)
+        self._doubt: set[str] = set()
+        self._doubt_read_at = 0.0
 
     def member(self, name: str) -> Member | None:
         return next((m for m in self.members if m.worker.name == name), None)
@@ -111,7 +127,8 @@ class SwapGroup:
 
     def may_run(self, member: Member) -> bool:
         """Whether ``member`` may use the GPU now (launch, or be marked ready by the poller)."""
-        if self.holder is None and not self.starting_up and not self.lock.locked():
+        free = self.holder is None and not self._doubt
+        if free and not self.starting_up and not self.lock.locked():
             self.holder = member  # a free GPU: a relaunch after a failure takes it
             self._awake_since = time.monotonic()
         return self.holder is member and self._leaving is not member
@@ -164,9 +181,15 @@ class SwapGroup:
                 log.info("swap group %s: %s is awake too; putting it to sleep", self.name,
                          m.worker.name)  # fmt: skip
                 await self._sleep_call(m)
+        self._doubt = {
+            m.worker.name
+            for m in remote
+            if m is not self.holder and m.worker.state is not WorkerState.asleep
+        }
+        self._doubt_read_at = time.monotonic() + self.seams.read_s
         launched = [m for m in self.members if m.launched]
-        if not launched:
-            return
+        if not launched or self._doubt:
+            return  # (launched ones wait at their gates until no url: member is in doubt)
         last = launched[0] if self.holder is None else None
         for m in [x for x in launched if x is not last] + ([last] if last else []):
             old = self.holder
@@ -203,6 +226,7 @@ class SwapGroup:
 
     async def _step(self) -> None:
         self.refresh()
+        await self._reread_doubt(time.monotonic())
         h, now = self.holder, time.monotonic()
         if h is not None and h.worker.state is not WorkerState.ready:
             if not h.launched:
@@ -240,6 +264,29 @@ class SwapGroup:
         )
         await self._settle(h, sleep=others)
 
+    async def _reread_doubt(self, now: float) -> None:
+        """Read the ``url:`` members in doubt again, at the health pace: asleep (proved), out of
+        doubt; awake, put to sleep (out once its /sleep answers); unknown, still in doubt."""
+        if not self._doubt or now < self._doubt_read_at:
+            return
+        for m in [x for x in self.members if x.worker.name in self._doubt]:
+            if m is self.holder or await self._settle(m, sleep=True):
+                self._doubt.discard(m.worker.name)  # (the holder is read by ``_reread``)
+        self._doubt_read_at = time.monotonic() + self.seams.read_s
+        for m in self.members if not self._doubt else ():
+            if (m.worker.last_error or "").startswith(self._waits_for):
+                m.worker.last_error = None  # (a switch that waited for one in doubt)
+
+    @property
+    def _waits_for(self) -> str:
+        return f"swap group {self.name} waits for "
+
+    def _doubter(self, target: Member) -> str | None:
+        """A member other than ``target`` that may be awake: no switch wakes ``target`` then.
+        (Not the holder: ``_reread`` settles a holder in doubt before any switch.)"""
+        skip = {target.worker.name, self.holder.worker.name if self.holder else ""}
+        return next((n for n in sorted(self._doubt) if n not in skip), None)
+
     def _idle_for(self, h: Member | None, demand: dict[str, ModelDemand], now: float) -> bool:
         """Whether the holder has been idle for its ``sleep.idle_s``."""
         if h is None or h.idle_s is None or h.worker.model in demand:
@@ -274,6 +321,12 @@ class SwapGroup:
         old = self.holder
         if old is target and target.worker.state is WorkerState.ready:
             return True
+        blocker = self._doubter(target)
+        if blocker is not None:
+            target.worker.last_error = f"{self._waits_for}{blocker}: it may be awake"
+            return False
+        if (target.worker.last_error or "").startswith(self._waits_for):
+            target.worker.last_error = None
         if old is not None and old is not target and not await self._put_to_sleep(old):
             return False
         self.holder = target
@@ -324,21 +377,43 @@ class SwapGroup:
         if error is not None:
             return await self._failed(m, error)
         w = m.worker
-        if w.state in (WorkerState.falling_asleep, WorkerState.ready) or not m.launched:
-            self.seams.registry.transition(w, WorkerState.asleep)  # (a url: one awake at start)
+        if m.launched and w.state in (WorkerState.falling_asleep, WorkerState.ready):
+            self.seams.registry.transition(w, WorkerState.asleep)
+        elif not m.launched and w.state not in (WorkerState.stopped, WorkerState.draining):
+            self.seams.registry.transition(w, WorkerState.asleep)  # (not if drained meanwhile)
         return True
 
-    async def _ask_sleep(self, m: Member) -> str | None:
-        """POST /sleep at its level: None once it answered, else why not."""
+    async def _ask_sleep(self, m: Member, wake_first: bool = False) -> str | None:
+        """POST /sleep at its level: None once it answered, else why not. ``wake_first``: a
+        plain /wake_up before it (wakes whatever tags a failed wake left asleep, so that the
+        /sleep frees them all: vLLM's /sleep does nothing while ``weights`` sleeps)."""
         w, seams = m.worker, self.seams
         assert w.url is not None
+        if wake_first:
+            try:
+                await client.wake(seams.session, w.url, 1, seams.wake_timeout_s)
+            except SleepCallFailed as e:
+                return f"wake (to sleep again after a failed wake) failed: {e}"
         level, m.next_level = m.next_level or m.level, None
         try:
             await client.sleep(seams.session, w.url, level, seams.sleep_timeout_s)
         except SleepCallFailed as e:
             m.sleep_asked = not m.launched  # (a launched one is restarted)
             return f"sleep failed: {e}"
-        m.slept_at, m.sleep_asked = level, False
+        m.slept_at, m.sleep_asked, m.wake_unsure = level, False, False
+        return None
+
+    async def _send_wake(self, m: Member) -> str | None:
+        """POST the wake for its sleep's level: None once it answered, else why not. A ``url:``
+        member is ``wake_unsure`` from the call until an answer (a cancelled call included)."""
+        w, seams = m.worker, self.seams
+        assert w.url is not None
+        m.wake_unsure = m.wake_unsure or not m.launched
+        try:
+            await client.wake(seams.session, w.url, m.slept_at or m.level, seams.wake_timeout_s)
+        except SleepCallFailed as e:
+            return f"wake failed: {e}"
+        m.wake_unsure = False
         return None
 
     async def _settle(self, m: Member, sleep: bool) -> bool:
@@ -348,6 +423,7 @@ class SwapGroup:
         w = m.worker
         self._read_at, before = time.monotonic() + self.seams.read_s, w.state
         seen = await self._read(m)
+        unsure = seen.seen is Seen.asleep and m.wake_unsure  # its weights may be awake
         if state_of(w) is not before:
             return False  # drained (or undrained) while it was read: its answer is stale
         if seen.seen is Seen.unknown:
@@ -358,8 +434,11 @@ class SwapGroup:
                 w.last_error = None
                 self._mark_ready(m)
             return False
-        if seen.seen is Seen.awake:
-            error = await self._ask_sleep(m)
+        if unsure and self.holder not in (m, None):
+            w.last_error = "a wake failed half-way; it is read again once the GPU is free"
+            return False  # (not reached: such a member holds the GPU until it is settled)
+        if seen.seen is Seen.awake or unsure:
+            error = await self._ask_sleep(m, wake_first=unsure)
             if error is not None:
                 log.warning("swap group %s: worker %s: %s", self.name, w.name, error)
                 w.last_error = self._waiting(m, error)
@@ -380,11 +459,9 @@ class SwapGroup:
         w, seams = m.worker, self.seams
         if w.state is WorkerState.asleep and w.url is not None:
             seams.registry.transition(w, WorkerState.waking)
-            try:
-                await client.wake(seams.session, w.url, m.slept_at or m.level,
-                                  seams.wake_timeout_s)  # fmt: skip
-            except SleepCallFailed as e:
-                await self._failed(m, f"wake failed: {e}")
+            error = await self._send_wake(m)
+            if error is not None:
+                await self._failed(m, error)
                 if m.launched:  # restarted: it comes up awake, as its turn goes on
                     await self._until(w, _UP)
                 return state_of(w) is WorkerState.ready
@@ -399,21 +476,19 @@ class SwapGroup:
     async def _wake_remote(self, m: Member, held: bool) -> bool:
         """A ``url:`` member that was out (starting, failed): read it, wake it if it sleeps.
         ``held``: it held the GPU before this switch (whatever it answers, it may be awake)."""
-        w, seams, before = m.worker, self.seams, m.worker.state
+        w, before = m.worker, m.worker.state
         seen = await self._read(m)
         if seen.seen is Seen.unknown:
             if held:
                 w.last_error = self._waiting(m, w.last_error or "no answer")
-            else:
-                self.holder = None  # nothing was sent to it: the GPU is as it was, free
+            else:  # nothing was sent to it, but it was never known asleep: it may be awake
+                self.holder = None
+                self._doubt.add(w.name)
             return False
         if seen.seen is Seen.asleep:
-            assert w.url is not None
-            try:
-                await client.wake(seams.session, w.url, m.slept_at or m.level,
-                                  seams.wake_timeout_s)  # fmt: skip
-            except SleepCallFailed as e:
-                await self._failed(m, f"wake failed: {e}")
+            error = await self._send_wake(m)
+            if error is not None:
+                await self._failed(m, error)
                 return False
         if state_of(w) is not before:
             return False  # drained meanwhile: it holds the GPU, out of routing
@@ -423,7 +498,8 @@ class SwapGroup:
 
     def _mark_ready(self, m: Member) -> None:
         m.worker.consecutive_failures = 0
-        m.sleep_asked = False
+        m.sleep_asked = m.wake_unsure = False
+        self._doubt.discard(m.worker.name)  # (known awake: the group's holder)
         self.seams.registry.transition(m.worker, WorkerState.ready)
 
     async def _failed(self, m: Member, reason: str) -> bool:

@@ -1,11 +1,12 @@
 """What a ``url:`` member of a swap group says of itself: asleep, awake and serving, or unknown.
 
 gpupool did not launch a ``url:`` worker, so it cannot tell from a process whether the worker's
-weights are on the GPU: only the worker can. ``/is_sleeping`` answering true is the one proof
-that its GPU memory is free; a worker that serves (``/health`` and ``/v1/models``, the poller's
-probe) without saying so counts as awake; anything else is unknown, and an unknown member may
-hold the GPU (a ``/sleep`` that timed out may still be running, an unreachable host may still
-have its weights loaded).
+weights are on the GPU: only the worker can. ``/is_sleeping`` answering true is the one proof that
+its GPU memory is free (but not after a wake of ours failed: vLLM says true while any tag sleeps,
+weights awake or not; ``group.py`` sleeps such a member again first); a worker that serves
+(``/health`` and ``/v1/models``, the poller's probe) without saying so counts as awake; anything
+else is unknown, and an unknown member may hold the GPU (a ``/sleep`` that timed out may still be
+running, an unreachable host may still have its weights loaded).
 """
 
 from __future__ import annotations

@@ -43,14 +43,15 @@ def url_pair(tmp: Path, **extra: Any) -> Iterator[tuple[Proc, Proc, Proc]]:
                             "gpu_memory_utilization": 0.85,
                             "sleep_ledger": str(tmp / "gpu0-ledger.json")}  # fmt: skip
     a, b = sim(model="coder", **opts), sim(model="chat", **opts)
+    sleep = {"level": extra.get("a_level", 1)}
     cfg: dict[str, Any] = {
         "models": [{"name": "coder"}, {"name": "chat"}],
         "workers": [
-            {"name": "a", "model": "coder", "url": a.url, "swap_group": "shared"},
+            {"name": "a", "model": "coder", "url": a.url, "swap_group": "shared", "sleep": sleep},
             {"name": "b", "model": "chat", "url": b.url, "swap_group": "shared"},
         ],
         "routing": {"health_interval_s": 0.3, "health_timeout_s": 2, "metrics_interval_s": 3600},
-        "swap": {"min_awake_s": 0, "sleep_timeout_s": 1},
+        "swap": {"min_awake_s": 0, "sleep_timeout_s": 1, **extra.get("swap", {})},
         "queue": {"max_wait_s": 60, **extra.get("queue", {})},
     }
     with running(b):
@@ -160,5 +161,50 @@ def test_a_holder_unreachable_for_a_while_keeps_the_gpu_and_comes_back(tmp_path:
             a.kill(signal.SIGCONT)
         seen = wait_states(gw, {"a": "ready", "b": "asleep"})  # back: ready, read by its group
         assert seen["a"]["last_error"] is None and not sleeping(a) and sleeping(b)
+        assert ask(gw, "coder")
+        clean(gw, tmp_path)
+
+
+def test_a_level_2_wake_that_fails_half_way_keeps_the_gpu_until_a_sleep_answers(
+    tmp_path: Path,
+) -> None:
+    """vLLM's /is_sleeping says true while any tag sleeps: after ``wake_up?tags=weights`` and
+    ``reload_weights``, a failed ``tags=kv_cache`` leaves a's weights on the GPU though it reads
+    as asleep. The group must not take that as proof: b waits until a woke its last tag and a
+    /sleep of ours answered."""
+    with url_pair(tmp_path, a_level=2) as (gw, a, b):
+        assert ask(gw, "chat")  # a sleeps at level 2, b holds the GPU
+        assert (sleeping(a), sleeping(b)) == (True, False)
+        httpx.post(a.url + "/sim/sleep", json={"wake_fail": "kv_cache"}).raise_for_status()
+        with ThreadPoolExecutor(2) as pool:
+            coder = pool.submit(ask, gw, "coder")  # a's wake: weights up, kv_cache 500
+            until("a failed half-way", lambda: WAITS in (workers(gw)["a"]["last_error"] or ""))
+            assert sleeping(a) and sleeping(b)  # both say so; a's weights hold the GPU
+            chat = pool.submit(ask, gw, "chat")
+            until("chat queued", lambda: queued(gw, "chat"))
+            time.sleep(3)  # a few reads of a, each "asleep", each retried wake failing
+            assert sleeping(b) and workers(gw)["a"]["state"] == "failed"
+            assert "wake (to sleep again" in workers(gw)["a"]["last_error"]
+            assert ledger_of(tmp_path)["violations"] == []  # b was never woken beside a
+            httpx.post(a.url + "/sim/sleep", json={"wake_fail": None}).raise_for_status()
+            assert coder.result(timeout=90) and chat.result(timeout=90)
+        assert "wake failed: POST wake_up?tags=kv_cache answered 500" in gw.log_path.read_text()
+        assert ask(gw, "coder") and ask(gw, "chat")
+        clean(gw, tmp_path)
+
+
+def test_a_drain_while_its_sleep_runs_is_kept_once_the_sleep_answers(tmp_path: Path) -> None:
+    with url_pair(tmp_path, swap={"sleep_timeout_s": 60}) as (gw, a, b):
+        httpx.post(a.url + "/sim/sleep", json={"sleep_fail": "hang"}).raise_for_status()
+        with ThreadPoolExecutor(1) as pool:
+            chat = pool.submit(ask, gw, "chat")
+            until("a falling asleep", lambda: workers(gw)["a"]["state"] == "falling_asleep")
+            r = httpx.post(gw.url + "/admin/workers/a/drain", timeout=30)
+            assert r.status_code == 200 and r.json()["state"] == "stopped"
+            httpx.post(a.url + "/sim/sleep", json={"sleep_fail": None}).raise_for_status()
+            assert chat.result(timeout=90)  # a's /sleep answered: the GPU went to b
+        assert (sleeping(a), sleeping(b)) == (True, False)
+        assert workers(gw)["a"]["state"] == "stopped"  # the drain holds: not taken as asleep
+        httpx.post(gw.url + "/admin/workers/a/undrain", timeout=30).raise_for_status()
         assert ask(gw, "coder")
         clean(gw, tmp_path)
