@@ -10,15 +10,18 @@ instant), so a cancellation during ``take`` leaves nothing behind.
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import nullcontext
+from dataclasses import replace
 
 from gpupool.gateway.admission.base import Admission, Lease, Ticket, WaitCallback
 from gpupool.gateway.errors import RateLimited, UpstreamUnavailable
 from gpupool.gateway.metrics import Metrics
-from gpupool.workers.registry import Registry
+from gpupool.workers.registry import SLEEP_STATES, Registry
 from gpupool.workers.swap.demand import Demand
 
 _GIVEN = "given"
+_REGRANT_PAUSE_S = 0.05
 
 
 class Slots:
@@ -44,15 +47,31 @@ class Slots:
         waiting = (
             self.demand.waiting(ticket.model, ticket.priority) if self.demand else nullcontext()
         )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ticket.max_wait_s
         try:
             with waiting:
-                lease = await self.admission.acquire(ticket, on_wait)
+                while True:
+                    lease = await self.admission.acquire(ticket, on_wait)
+                    if not self._falling_asleep(lease):
+                        break
+                    await self.admission.release(lease)
+                    await asyncio.sleep(_REGRANT_PAUSE_S)  # until admission sees the new state
+                    ticket = replace(ticket, max_wait_s=max(0.0, deadline - loop.time()))
         except RateLimited as e:
             self.metrics.admission.labels(ticket.model, "rejected", type(e).__name__).inc()
             raise
         # No await between the grant and this point: the caller owns the lease from here.
         self._started(ticket, lease)
         return lease
+
+    def _falling_asleep(self, lease: Lease) -> bool:
+        """Whether the granted worker left ``ready`` for sleep between its grant and now: a swap
+        group puts a worker to sleep once its started requests are 0 (``registry.started`` has
+        not counted this one yet: a Redis grant, or a wake-up of the waiting task, takes an
+        event-loop turn), so the request must not go there; it queues again."""
+        w = self.registry.get(lease.worker)
+        return w is not None and w.state in SLEEP_STATES
 
     def _started(self, ticket: Ticket, lease: Lease) -> None:
         self.registry.started(lease.worker)
