@@ -12,9 +12,10 @@ id and auth work for those routes.
 While a handler runs, a client that disconnects cancels it (a callback from the connection,
 or a task waiting on ``receive()`` under other servers): a queued request leaves the queue, a
 worker connection is dropped (vLLM aborts the request), and a stream stops, so nothing runs
-for a client that has gone. A client that stays but takes no bytes of its reply for
-``server.write_timeout_s`` is cut by the protocol (``stall.py``) and leaves the same way; the
-line logged here names the request (and is counted with the ``cancelled`` requests).
+for a client that has gone. A client that stays but takes less than ``server.write_min_bytes``
+of its reply per ``server.write_timeout_s`` is cut by the protocol (``stall.py``) and leaves
+the same way; the line logged here names the request (and is counted with the ``cancelled``
+requests).
 """
 
 from __future__ import annotations

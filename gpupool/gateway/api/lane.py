@@ -7,8 +7,8 @@ the head and the body into a :class:`Lane` and starts one task when the body is 
 task runs the same front door code as the ASGI path (``front.py``): auth, the pipeline, the
 error envelope, the reply's ``after``. The lane writes the reply itself: a whole body as one
 buffer, a stream chunk by chunk with chunked framing, paused while the client's socket is (a
-client that takes nothing for ``server.write_timeout_s`` meanwhile is cut by the protocol,
-``stall.py``, and the lane hears it as a disconnect).
+client that takes less than ``server.write_min_bytes`` per ``server.write_timeout_s`` is cut by
+the protocol, ``stall.py``, and the lane hears it as a disconnect).
 
 The limits stay where they were, enforced here instead of in the body reader: a declared or
 received body over ``server.max_body_bytes`` is a 413, a body still arriving after
