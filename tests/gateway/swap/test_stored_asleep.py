@@ -18,6 +18,7 @@ import pytest
 from tests.gateway.swap.tools import (
     Sampler,
     ledger_of,
+    sdk,
     serving,
     sleeps_waited,
     two_model_config,
@@ -27,10 +28,6 @@ from tests.gateway.swap.tools import (
 from tests.procs import Proc
 
 
-def _client(gw: Proc) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0, timeout=60)
-
-
 def _held_nothing(gw: Proc) -> None:
     held = httpx.get(gw.url + "/admin/held", timeout=10).json()
     assert set(held["inflight"].values()) == {0} and set(held["slots"].values()) <= {0}
@@ -38,7 +35,7 @@ def _held_nothing(gw: Proc) -> None:
 
 
 def _put_coder_to_sleep(gw: Proc) -> None:
-    done = _client(gw).completions.create(model="chat", prompt="hi", max_tokens=4)
+    done = sdk(gw).completions.create(model="chat", prompt="hi", max_tokens=4)
     assert done.choices[0].text  # chat's turn: coder-w sleeps
     wait_states(gw, {"coder-w": "asleep", "chat-w": "ready"})
 
@@ -50,7 +47,7 @@ def test_a_stored_response_on_a_sleeping_worker_wakes_it_and_is_served(tmp_path:
     cfg["workers"][0]["launch"]["args"]["wake-s"] = 2.0  # coder-w takes 2 s to wake
     with serving(cfg, tmp_path) as gw:
         wait_states(gw, {"coder-w": "ready", "chat-w": "asleep"})
-        client = _client(gw)
+        client = sdk(gw)
         with Sampler(gw) as sampler:
             raw = client.responses.with_raw_response.create(model="coder", input="remember me")
             assert raw.headers["x-gpupool-worker"] == "coder-w"

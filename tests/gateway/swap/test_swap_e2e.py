@@ -27,6 +27,7 @@ from tests.gateway.swap.tools import (
     launched,
     ledger_of,
     metric,
+    sdk,
     serving,
     sleeps_waited,
     two_model_config,
@@ -34,10 +35,6 @@ from tests.gateway.swap.tools import (
     workers,
 )
 from tests.procs import Proc, running, sim
-
-
-def _client(gw: Proc) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0, timeout=60)
 
 
 def _clean(tmp: Path) -> None:
@@ -59,7 +56,7 @@ def test_start_up_in_turn_ends_with_the_first_awake(stack: Proc, tmp_path: Path)
     assert {n: w["state"] for n, w in seen.items()} == {"coder-w": "ready", "chat-w": "asleep"}
     assert {w["swap_group"] for w in seen.values()} == {"gpu0"}  # formed from 0.85 + 0.85
     assert len(ledger_of(tmp_path)["members"]) == 2  # both started (one after the other)
-    models = {m.id for m in _client(stack).models.list().data}
+    models = {m.id for m in sdk(stack).models.list().data}
     assert models == {"coder", "chat"}  # a sleeping model is listed: it is served on demand
     assert httpx.get(stack.url + "/ready").status_code == 200
     _clean(tmp_path)
@@ -73,7 +70,7 @@ def _ask(client: openai.OpenAI, model: str, stream: bool) -> str:
 
 
 def _mixed_load(gw: Proc, n: int) -> list[str]:
-    client = _client(gw)
+    client = sdk(gw)
     rng = random.Random(7)
     jobs = [(rng.choice(["coder", "chat"]), rng.random() < 0.5) for _ in range(n)]
     with ThreadPoolExecutor(8) as pool:
@@ -104,7 +101,7 @@ def test_mixed_load_switches_without_a_failure(
 
 
 def test_a_stream_in_flight_finishes_before_its_worker_sleeps(stack: Proc, tmp_path: Path) -> None:
-    client = _client(stack)
+    client = sdk(stack)
     stream = client.completions.create(model="coder", prompt="hi", max_tokens=120, stream=True)
     chunks = iter(stream)
     first = next(chunks)  # running on coder-w (10 ms a token: over a second to go)
@@ -128,8 +125,8 @@ def test_admin_sleep_and_wake(stack: Proc, tmp_path: Path) -> None:
     assert r.status_code == 200 and r.json()["state"] == "asleep"
     chat = r.json()["url"]
     assert httpx.get(chat + "/sim/sleep").json()["level"] == 2  # this time only
-    assert _ask(_client(stack), "coder", False)  # woken on demand
-    assert _ask(_client(stack), "chat", False)  # a level-2 wake: weights reloaded
+    assert _ask(sdk(stack), "coder", False)  # woken on demand
+    assert _ask(sdk(stack), "chat", False)  # a level-2 wake: weights reloaded
     stats = httpx.get(chat + "/sim/sleep").json()
     assert (stats["asleep"], stats["wakes"]) == (False, 2)
     r = httpx.post(stack.url + "/admin/workers/nobody/sleep")
@@ -144,7 +141,7 @@ def test_idle_worker_sleeps_and_wakes_on_demand(tmp_path: Path) -> None:
     cfg["workers"][0]["sleep"] = {"level": 1, "idle_s": 0.5}
     with serving(cfg, tmp_path) as gw:
         wait_states(gw, {"coder-w": "asleep", "chat-w": "asleep"})  # idle: the GPU is free
-        assert _ask(_client(gw), "coder", True)
+        assert _ask(sdk(gw), "coder", True)
         assert workers(gw)["coder-w"]["state"] == "ready"
         wait_states(gw, {"coder-w": "asleep"})
     _clean(tmp_path)
@@ -156,7 +153,7 @@ def test_a_failed_wake_restarts_the_worker_and_serves(
 ) -> None:
     chat = workers(stack)["chat-w"]
     httpx.post(chat["url"] + "/sim/sleep", json={"wake_fail": how}).raise_for_status()
-    assert _ask(_client(stack), "chat", False)  # waits through the failure and the restart
+    assert _ask(sdk(stack), "chat", False)  # waits through the failure and the restart
     after = workers(stack)["chat-w"]
     assert after["state"] == "ready" and after["restarts"] + (after["pid"] != chat["pid"]) >= 1
     assert "wake failed" in (after["last_error"] or "wake failed")
@@ -182,8 +179,8 @@ def test_url_workers_found_awake_are_put_to_sleep_but_one(tmp_path: Path) -> Non
             wait_states(gw, {"a": "ready", "b": "asleep"})
             assert httpx.get(b.url + "/is_sleeping").json() == {"is_sleeping": True}
             with Sampler(gw) as sampler:
-                assert _ask(_client(gw), "chat", True)
-                assert _ask(_client(gw), "coder", False)
+                assert _ask(sdk(gw), "chat", True)
+                assert _ask(sdk(gw), "coder", False)
             assert sampler.most_awake == 1
             assert httpx.get(b.url + "/sim/sleep").json()["violations"] == []
             assert httpx.get(a.url + "/sim/sleep").json()["violations"] == []
@@ -194,7 +191,7 @@ def test_waiting_for_a_switch_is_visible_and_times_out_honestly(tmp_path: Path) 
     cfg["workers"][1]["launch"]["args"]["wake-s"] = 2.0  # chat-w takes 2 s to wake
     with serving(cfg, tmp_path) as gw:
         wait_states(gw, {"coder-w": "ready", "chat-w": "asleep"})
-        client = _client(gw)
+        client = sdk(gw)
         with ThreadPoolExecutor(1) as pool:
             patient = pool.submit(_ask, client, "chat", True)
             deadline = time.monotonic() + 30
@@ -232,8 +229,8 @@ def test_a_reload_that_changes_both_members_keeps_them_taking_turns(tmp_path: Pa
             r = httpx.post(gw.url + "/admin/reload", timeout=120)
             assert r.status_code == 200, r.text
             assert sorted(r.json()["workers"]["changed"]) == ["chat-w", "coder-w"]
-            assert _ask(_client(gw), "chat", False)
-            assert _ask(_client(gw), "coder", True)
+            assert _ask(sdk(gw), "chat", False)
+            assert _ask(sdk(gw), "coder", True)
         assert sampler.most_awake == 1
         seen = workers(gw)
         assert {w["swap_group"] for w in seen.values()} == {"gpu0"}
@@ -256,7 +253,7 @@ def test_a_reload_that_adds_a_member_is_refused_and_changes_nothing(tmp_path: Pa
         r = httpx.post(gw.url + "/admin/reload", timeout=60)
         assert r.status_code == 400 and "restart" in r.text, r.text
         assert set(workers(gw)) == {"coder-w", "chat-w"}
-        assert _ask(_client(gw), "chat", False)  # the group still takes turns
+        assert _ask(sdk(gw), "chat", False)  # the group still takes turns
     _clean(tmp_path)
 
 
@@ -270,7 +267,7 @@ def test_a_lone_url_worker_sleeps_when_idle_and_wakes_for_a_request(tmp_path: Pa
     with running(a), serving(cfg, tmp_path) as gw:
         wait_states(gw, {"a": "asleep"})  # idle: the GPU is free for other programs
         assert httpx.get(a.url + "/is_sleeping").json() == {"is_sleeping": True}
-        assert _ask(_client(gw), "coder", True)
+        assert _ask(sdk(gw), "coder", True)
         assert httpx.get(a.url + "/sim/sleep").json()["wakes"] == 1
         wait_states(gw, {"a": "asleep"})
         assert httpx.get(a.url + "/sim/sleep").json()["violations"] == []
@@ -282,11 +279,11 @@ def test_a_failed_sleep_restarts_the_worker_before_the_other_wakes(
     coder = workers(stack)["coder-w"]
     httpx.post(coder["url"] + "/sim/sleep", json={"sleep_fail": "error"}).raise_for_status()
     with Sampler(stack) as sampler:
-        assert _ask(_client(stack), "chat", False)  # coder-w killed (its GPU memory freed) first
+        assert _ask(sdk(stack), "chat", False)  # coder-w killed (its GPU memory freed) first
         after = workers(stack)["coder-w"]
         assert after["restarts"] >= 1 or after["pid"] != coder["pid"]
         assert after["state"] in ("starting", "stopped", "failed")  # its relaunch waits its turn
-        assert _ask(_client(stack), "coder", True)  # its turn: launched, then served
+        assert _ask(sdk(stack), "coder", True)  # its turn: launched, then served
     assert sampler.most_awake == 1
     assert workers(stack)["chat-w"]["state"] == "asleep"
     _clean(tmp_path)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 
 from tests.procs import Proc, gateway, running
 
@@ -66,6 +67,11 @@ def sleeps_waited(ledger: dict[str, Any]) -> dict[str, int]:
     for the worker is 0, so nothing runs there then, and no stream of its can be cut. (A client
     that leaves mid-stream may make one: its abort reaches the worker a moment late.)"""
     return {name: m.get("sleeps_waited", 0) for name, m in ledger["members"].items()}
+
+
+def sdk(gw: Proc) -> openai.OpenAI:
+    """The official SDK on the gateway: no retries, so a refused request shows."""
+    return openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0, timeout=60)
 
 
 def workers(gw: Proc) -> dict[str, dict[str, Any]]:
