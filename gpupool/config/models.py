@@ -646,9 +646,10 @@ class GpupoolConfig(_Strict):
                     f"workers[{i}].model: `{w.model}` is not in `models` "
                     f"(known: {', '.join(sorted(model_names))})"
                 )
-        from gpupool.config.swap import form_swap_groups
+        from gpupool.config.swap import check_reloadable, form_swap_groups
 
         form_swap_groups(self.workers)
+        check_reloadable(self.workers)
         return self
 
     def model(self, name: str) -> ModelConfig:

@@ -85,6 +85,33 @@ def form_swap_groups(workers: Sequence[WorkerConfig]) -> list[AutoGroup]:
     return groups
 
 
+def no_reload(worker: WorkerConfig) -> str | None:
+    """Why a level-2 wake of this worker cannot work, or None. A level-2 wake calls vLLM's
+    ``reload_weights``, which reads the checkpoint again through the model loader; with
+    ``--load-format dummy`` there is nothing to read (vLLM 0.26: ``NotImplementedError: Model
+    reloading with `dummy` format``), so every wake would fail and restart the worker."""
+    launch = worker.launch
+    if launch is None:
+        return None
+    for key, value in launch.args.items():
+        if key.lstrip("-").replace("_", "-") == "load-format" and str(value) == "dummy":
+            return (
+                f"worker `{worker.name}` loads `load-format: dummy` weights, which vLLM cannot "
+                "reload: a level-2 wake would fail and restart it; use level 1, or real weights"
+            )
+    return None
+
+
+def check_reloadable(workers: Sequence[WorkerConfig]) -> None:
+    """Refuse ``sleep: {level: 2}`` where a wake cannot reload the weights (``no_reload``)."""
+    from gpupool.config.models import SleepLevel
+
+    for i, w in enumerate(workers):
+        why = no_reload(w)
+        if why and w.sleep is not None and w.sleep.level is SleepLevel.discard_weights:
+            raise ValueError(f"workers[{i}].sleep.level: 2, but {why}")
+
+
 def sleeps(worker: WorkerConfig) -> bool:
     """Whether the worker runs with vLLM's sleep mode."""
     return worker.sleep is not None or worker.swap_group is not None

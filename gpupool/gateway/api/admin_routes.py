@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
+from gpupool.config.swap import no_reload
 from gpupool.gateway.api.endpoint import Endpoint, services
 from gpupool.gateway.api.responses import ReplyResponse
 from gpupool.gateway.errors import BadRequest, InvalidBody, NotFound
@@ -137,7 +138,12 @@ async def sleep(request: Request) -> ASGIApp:
     this time if given; its group may wake it again for requests waiting for its model."""
     level = _query(request, {"level": sleep_level}).get("level")
     w, svc = _worker(request), services(request)
-    await _swap(svc, w).sleep(w.name, level)
+    swap = _swap(svc, w)
+    wc = next((c for c in svc.cfg.workers if c.name == w.name), None)
+    why = no_reload(wc) if level == 2 and wc is not None else None
+    if why:
+        raise InvalidBody(f"Level 2 is refused: {why}.", param="level")
+    await swap.sleep(w.name, level)
     return ReplyResponse(Reply.json(200, worker_status(w)))
 
 

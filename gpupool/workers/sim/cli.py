@@ -107,6 +107,12 @@ def served_names(
 @click.option("--hang", is_flag=True, help="Never answer (health included).")
 @click.option("--health-fail", is_flag=True, help="/health answers 503.")
 @click.option("--seed", default=0, show_default=True, type=int)
+@click.option(
+    "--load-format",
+    default="auto",
+    show_default=True,
+    help="vLLM's; accepted as vLLM takes it (the simulator has no weights to load).",
+)
 @sleep_options  # --enable-sleep-mode and the sleep ledger (sleep.py)
 @click.option(
     "--gpu",
@@ -169,6 +175,7 @@ def sim(
     hang: bool,
     health_fail: bool,
     seed: int,
+    load_format: str,
     gpu: bool,
     step_ms: float,
     seq_step_ms: float,
@@ -179,6 +186,8 @@ def sim(
 ) -> None:
     """Run a simulated vLLM 0.32 OpenAI server (no GPU, fault injection, /sim control)."""
     from gpupool.workers.sim.app import run_sim
+
+    del load_format  # nothing to load
 
     if script_file is not None:
         script = Path(script_file).read_text(encoding="utf-8")

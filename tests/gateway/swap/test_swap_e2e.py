@@ -133,6 +133,25 @@ def test_admin_sleep_and_wake(stack: Proc, tmp_path: Path) -> None:
     assert r.status_code == 404
     r = httpx.post(stack.url + "/admin/workers/chat-w/sleep?level=3")
     assert r.status_code == 400 and r.json()["error"]["param"] == "level"
+
+
+def test_level_2_is_refused_for_dummy_weights(tmp_path: Path) -> None:
+    """vLLM cannot reload `load-format: dummy` weights, so a level-2 wake would fail and
+    restart the worker: the admin refuses `?level=2` for such a worker, saying why, and the
+    worker stays as it was; level 1 still works."""
+    cfg = two_model_config(tmp_path)
+    cfg["workers"][1]["launch"]["args"]["load-format"] = "dummy"
+    with serving(cfg, tmp_path) as gw:
+        wait_states(gw, {"coder-w": "ready", "chat-w": "asleep"})
+        r = httpx.post(gw.url + "/admin/workers/chat-w/sleep?level=2", timeout=60)
+        error = r.json()["error"]
+        assert r.status_code == 400 and error["param"] == "level"
+        assert "cannot reload" in error["message"] and "chat-w" in error["message"]
+        assert workers(gw)["chat-w"]["state"] == "asleep"
+        assert httpx.post(gw.url + "/admin/workers/chat-w/wake", timeout=60).status_code == 200
+        r = httpx.post(gw.url + "/admin/workers/chat-w/sleep?level=1", timeout=60)
+        assert r.status_code == 200 and r.json()["state"] == "asleep"
+    _clean(tmp_path)
     _clean(tmp_path)
 
 

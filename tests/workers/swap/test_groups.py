@@ -76,6 +76,18 @@ def test_bad_sleep_settings_name_their_field(field: str, value: object, where: s
     assert where in str(e.value)
 
 
+def test_level_2_on_dummy_weights_is_refused_naming_why() -> None:
+    """vLLM cannot reload `load-format: dummy` weights: a level-2 wake would fail and restart
+    the worker every time (what the H200 lane measured as a "52 s level-2 switch")."""
+    a = launched("a", "x", [0], 0.8)
+    a["launch"]["args"]["load-format"] = "dummy"
+    with pytest.raises(ConfigError) as e:
+        cfg({**a, "sleep": {"level": 2}}, launched("b", "y", [0], 0.8))
+    assert "workers[0].sleep.level" in str(e.value) and "cannot reload" in str(e.value)
+    c = cfg({**a, "sleep": {"level": 1}}, launched("b", "y", [0], 0.8))  # level 1: fine
+    assert [int(w.sleep.level) for w in c.workers if w.sleep] == [1, 1]
+
+
 def _specs(c: GpupoolConfig, model: str) -> dict[str, ModelSpec | None]:
     spec = load_model_spec(MODEL_CONFIGS / model / "config.json")  # ~17.5 GiB of weights
     return {w.name: spec for w in c.workers}
