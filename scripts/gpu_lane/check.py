@@ -104,8 +104,28 @@ SLEEP: list[Step] = [
     ("mixed", lane_sleep.mixed, lane_sleep.MIXED_S + 20, True),
     ("stop", lane_steps.stop, 0, False),
 ]
-# issue 28: the hybrid MoE beside a dense 8B in one swap group (configs/sleep-hybrid-1gpu.yaml)
+# issue 28: the hybrid MoE beside a dense 8B in one swap group (configs/sleep-hybrid-1gpu.yaml);
+# after 5 switches the hybrid is the one awake, so `cold_restart` restarts the hybrid
 SLEEP_HYBRID: list[Step] = [
+    ("hardware", lane_steps.hardware, 5, False),
+    ("launch", lane_sleep.launch, 200, False),
+    ("switch_l1", lane_sleep.switch_l1, 30, True),
+    ("cold_restart", lane_sleep.cold_restart, 100, True),
+    ("alternate", partial(lane_sleep.alternate, n=20), 40, True),
+    ("stop", lane_steps.stop, 0, False),
+]
+# issue 28, level 2 on real-format weights (configs/sleep-l2-1gpu.yaml): vLLM cannot reload dummy
+# weights, so `weights` writes a random safetensors checkpoint of the 8B shape first
+SLEEP_L2: list[Step] = [
+    ("hardware", lane_steps.hardware, 5, False),
+    ("weights", lane_sleep.weights, 60, False),
+    ("launch", lane_sleep.launch, 120, False),
+    ("switch_l2", lane_sleep.switch_l2, 40, True),
+    ("stop", lane_steps.stop, 0, False),
+]
+# issue 28, seed 000's shape at an RTX 5090's proportions (configs/sleep-5090-1gpu.yaml): a 4-bit
+# hybrid MoE and a dense 8B, each in 0.19 of the H200 (26.7 GiB: 0.83 of a 32 GB card)
+SLEEP_5090: list[Step] = [
     ("hardware", lane_steps.hardware, 5, False),
     ("launch", lane_sleep.launch, 200, False),
     ("switch_l1", lane_sleep.switch_l1, 30, True),
@@ -113,7 +133,8 @@ SLEEP_HYBRID: list[Step] = [
     ("stop", lane_steps.stop, 0, False),
 ]
 PHASES = {"dense": DENSE, "hybrid": HYBRID, "throughput": THROUGHPUT, "init": INIT,
-          "sleep": SLEEP, "sleep-hybrid": SLEEP_HYBRID}  # fmt: skip
+          "sleep": SLEEP, "sleep-hybrid": SLEEP_HYBRID, "sleep-l2": SLEEP_L2,
+          "sleep-5090": SLEEP_5090}  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -5,7 +5,9 @@ sent → first token for the sleeping model, level 1: the awake one's sleep plus
 wake), ``cold_restart`` (the same through a restart of the worker: what a switch costs without
 sleep mode), ``alternate`` (requests alternating between the models: every one a switch; no
 failure allowed, GPU memory sampled against the card), ``switch_l2`` (level 2: the worker put to
-sleep with ``?level=2`` wakes by reloading its weights), ``idle`` (the awake worker falls asleep
+sleep with ``?level=2`` wakes by reloading its weights: real-format weights only, written by
+``weights`` first; with dummy weights vLLM cannot reload and the wake becomes a restart, which the
+step reports from the worker's restart count), ``idle`` (the awake worker falls asleep
 by itself after ``sleep.idle_s`` without requests; then a request wakes it: a wake with no sleep
 before it), ``mixed`` (``LANE_MIXED_S``, 600 s: closed-loop clients of every model at once,
 streamed and not; failures, first-token times, switches, how many members were ever on the GPU
@@ -24,6 +26,7 @@ import time
 from typing import Any
 
 import lane_gpu
+import lane_weights
 from lane_ctx import Ctx
 from lane_gateway import Gateway
 
@@ -36,6 +39,8 @@ PROMPT = "Write one sentence about the sea."
 # states in which a member uses the GPU: never two of one group at once
 ON_GPU = ("ready", "waking", "falling_asleep")
 OOM = re.compile(r"out of memory|OutOfMemoryError|CUDA error", re.IGNORECASE)
+# vLLM's level-2 wake in its log: the reload and its time, or why it failed
+RELOAD = re.compile(r"[Rr]eload|NotImplementedError|Sleep mode freed|wake_up|collective_rpc")
 
 
 async def launch(ctx: Ctx) -> dict[str, Any]:
@@ -197,10 +202,20 @@ async def alternate(ctx: Ctx, n: int = N_ALTERNATE) -> dict[str, Any]:
     }
 
 
+async def weights(ctx: Ctx) -> dict[str, Any]:
+    """Real-format weights (random, safetensors) in the phase's model dir, before the launch: a
+    level-2 wake reloads them from disk (``lane_weights``). The rehearsal's simulator reads none."""
+    if os.environ.get("LANE_REHEARSAL") == "1":
+        return {"skipped": "rehearsal: the simulator reads no weights"}
+    return await asyncio.to_thread(lane_weights.write, ctx.lane.work / "model")
+
+
 async def switch_l2(ctx: Ctx) -> dict[str, Any]:
     """Level 2: the awake worker is put to sleep with ?level=2 (weights dropped), the other woken,
-    then a request for the first: the other's level-1 sleep plus this one's level-2 wake
-    (wake_up?tags=weights, reload_weights, wake_up?tags=kv_cache)."""
+    then a request for the first: the other's sleep plus this one's level-2 wake
+    (wake_up?tags=weights, reload_weights, wake_up?tags=kv_cache). Each run records the worker's
+    restarts before and after: a wake that failed (vLLM cannot reload dummy weights) is a
+    restart, not a level-2 switch, and its time is a restart's."""
     t_from = ctx.lane.elapsed()
     runs = []
     for _ in range(N_LEVEL2):
@@ -209,16 +224,21 @@ async def switch_l2(ctx: Ctx) -> dict[str, Any]:
         name, model = await _awake_worker(ctx)
         ws = await _workers(ctx)
         other = next(w["model"] for w in ws.values() if w["model"] != model)
+        restarts = ws[name]["restarts"]
         slept = await ctx.gateway().admin(f"/admin/workers/{name}/sleep?level=2", "POST")
         woke_other = await first_token(ctx, other)
-        runs.append({"sleep_status": slept["status"], "other": woke_other,
-                     "switch": await first_token(ctx, model)})  # fmt: skip
+        switch = await first_token(ctx, model)
+        after = (await _workers(ctx))[name]
+        runs.append({"worker": name, "sleep_status": slept["status"], "other": woke_other,
+                     "switch": switch, "restarted": after["restarts"] - restarts,
+                     "last_error": after.get("last_error")})  # fmt: skip
+    woken = [r for r in runs if not r["restarted"]]
     return {
-        "switch_ttft": _stats([r["switch"].get("ttft_s") for r in runs]),
+        "switch_ttft": _stats([r["switch"].get("ttft_s") for r in woken]),
+        "restarts_instead": sum(bool(r["restarted"]) for r in runs),
         "failures": sum(not (r["switch"]["ok"] and r["other"]["ok"]) for r in runs),
         "runs": runs,
-        "note": "load-format dummy: reload_weights re-initializes the weights on the GPU "
-        "instead of reading them from disk; with real weights add their read time",
+        "reload_lines": _log_lines(ctx, RELOAD, most=60),
         **_memory(ctx, t_from),
     }
 
@@ -326,13 +346,17 @@ async def _switch_count(ctx: Ctx) -> float:
 
 def _oom_lines(ctx: Ctx) -> list[str]:
     """Out-of-memory and CUDA error lines in the workers' logs so far."""
+    return _log_lines(ctx, OOM)
+
+
+def _log_lines(ctx: Ctx, pattern: re.Pattern[str], most: int = 20) -> list[str]:
     out = []
     for name in ctx.worker_names:
         path = ctx.log_path(name)
         if path.exists():
             text = path.read_text(errors="replace")
-            out += [f"{name}: {ln[:200]}" for ln in text.splitlines() if OOM.search(ln)]
-    return out[:20]
+            out += [f"{name}: {ln[:200]}" for ln in text.splitlines() if pattern.search(ln)]
+    return out[:most]
 
 
 async def _swap_metrics(ctx: Ctx) -> dict[str, Any]:
