@@ -92,14 +92,14 @@ INIT: list[Step] = [
     ("planner", lane_steps.planner, 0, False),
     ("stop", lane_steps.stop, 0, False),
 ]
-# issue 28: two 8B-shaped models taking turns on one GPU (vLLM's sleep mode), lane_sleep.py
+# issue 28: two 8B-shaped models taking turns on one GPU (vLLM's sleep mode), lane_sleep.py; level 2
+# is SLEEP_L2's (these workers load dummy weights, which vLLM cannot reload)
 SLEEP: list[Step] = [
     ("hardware", lane_steps.hardware, 5, False),
     ("launch", lane_sleep.launch, 150, False),
     ("switch_l1", lane_sleep.switch_l1, 30, True),
     ("cold_restart", lane_sleep.cold_restart, 100, True),
     ("alternate", lane_sleep.alternate, 60, True),
-    ("switch_l2", lane_sleep.switch_l2, 40, True),
     ("idle", lane_sleep.idle, 50, True),
     ("mixed", lane_sleep.mixed, lane_sleep.MIXED_S + 20, True),
     ("stop", lane_steps.stop, 0, False),
