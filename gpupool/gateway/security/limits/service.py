@@ -20,12 +20,16 @@ concurrency slots are leases renewed while held, so a dead replica's slots come 
 ``lease_ttl_s``. If Redis is unreachable (a failed call confirmed by a health probe) or refuses
 (an error reply: full, read-only, ``MISCONF``…; no probe, a ``PING`` would still answer) the
 limits fail open to this replica's own memory store (logged with the cause), and go back to
-Redis once a renewal, which writes, succeeds. A hold whose give could not reach Redis is no
-longer counted here; it is given once Redis takes writes again, and expires with its lease TTL
-meanwhile (it is no longer renewed). Any other error reply (a script's error, ``WRONGTYPE`` on
-a key someone else wrote: ``StoreFailed``) fails only the request whose call it was, with a
-503 and the traceback logged; Redis stays in use. What a failed take wrote before its error is
-given back at once (or expires: the hold with its lease TTL, the tokens with the window).
+Redis once a renewal, which writes, succeeds. A renewal re-asserts the holds it names (so
+they count again after a restarted Redis or a stall past the TTL); one given back while that
+renewal was on its way (the give goes over another connection and may reach Redis first) is
+released again right after it, so a request that ended never holds its slot until the lease
+runs out. A hold whose give could not reach Redis is no longer counted here; it is given once
+Redis takes writes again, and expires with its lease TTL meanwhile (it is no longer renewed).
+Any other error reply (a script's error, ``WRONGTYPE`` on a key someone else wrote:
+``StoreFailed``) fails only the request whose call it was, with a 503 and the traceback
+logged; Redis stays in use. What a failed take wrote before its error is given back at once
+(or expires: the hold with its lease TTL, the tokens with the window).
 """
 
 from __future__ import annotations
@@ -296,18 +300,32 @@ class KeyLimits:
             return
         # the renewal writes (a heartbeat at least): back on Redis only once it succeeds, as a
         # full or read-only Redis still answers the probe's PING
+        held = list(self._held.items())
         try:
-            await redis.renew([(name, hold_id) for hold_id, name in self._held.items()])
+            try:
+                await redis.renew([(name, hold_id) for hold_id, name in held])
+            finally:
+                self._owe_releases(held)
             for hold_id, args in list(self._unsettled.items()):
                 with contextlib.suppress(StoreFailed):  # a give Redis rejects: it expires
                     await redis.give(*args)
-                self._unsettled.pop(hold_id, None)
+                if self._unsettled.get(hold_id) is args:  # not owed anew meanwhile
+                    del self._unsettled[hold_id]
         except StoreUnavailable as exc:
             await self._suspect(exc)
             return
         if not self._up:
             self._up = True
             log.info("per-key limits: Redis takes writes again; limits shared again")
+
+    def _owe_releases(self, renewed: list[tuple[str, str]]) -> None:
+        """Holds given back while a renewal naming them was on its way: it may have reached
+        Redis after the give (another connection) and re-asserted the hold, which would then
+        count until its lease expired. Each is released again (its slot only: its own give
+        settled its tokens) right after the renewal, by the loop over ``_unsettled``."""
+        for hold_id, name in renewed:
+            if hold_id not in self._held:
+                self._unsettled.setdefault(hold_id, (name, NO_LIMITS, hold_id, 0, None))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro)
