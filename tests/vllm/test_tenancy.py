@@ -15,7 +15,7 @@ import re
 import secrets
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 MODEL = "tiny"
 A1, A2, B, ADMIN = "sk-team-a-1", "sk-team-a-2", "sk-t1", "sk-admin-t"
+_CAPACITY = 4  # each worker's max-num-seqs: the requests it takes at once
 _HITS = re.compile(r"^vllm:prefix_cache_hits_total\{[^}]*\} ([0-9.e+]+)$", re.M)
 
 
@@ -66,7 +67,7 @@ def _worker(name: str, model_dir: Path, py: Path) -> dict[str, Any]:
             "args": {
                 "dtype": "bfloat16",
                 "max-model-len": 2048,
-                "max-num-seqs": 4,
+                "max-num-seqs": _CAPACITY,
                 "max-num-batched-tokens": 2048,
             },
             "env": {
@@ -220,26 +221,52 @@ def test_a_response_whose_worker_is_gone_is_vllms_404_said_plainly(
     """Stored on w2, then w2 drained (stopped): its id is a 404 saying why. The cache cases
     below run on w1 alone."""
     a = _client(stack["gw"], A1)
-
-    def one(i: int) -> Any:
-        return a.responses.with_raw_response.create(
-            model=MODEL, input=f"where am I {i}", max_output_tokens=8
-        )
-
-    made = None
-    for _ in range(5):  # four at once: the idle workers share them
-        with ThreadPoolExecutor(4) as pool:
-            raws = list(pool.map(one, range(4)))
-        on_w2 = [r.parse() for r in raws if r.headers["x-gpupool-worker"] == "w2"]
-        if on_w2:
-            made = on_w2[0]
-            break
-    assert made is not None, "no response landed on w2"
+    made = _stored_on_w2(a)
     _only_w1(stack["gw"])
     with pytest.raises(openai.NotFoundError) as e:
-        a.responses.retrieve(made.id)
-    assert f"Response with id '{made.id}' not found." in str(e.value)
+        a.responses.retrieve(made)
+    assert f"Response with id '{made}' not found." in str(e.value)
     assert "no longer serving" in str(e.value)
+
+
+def _stored_on_w2(a: openai.OpenAI) -> str:
+    """The id of a response stored on w2, placed there by the gateway's capacity alone.
+
+    Routing may rank w2 after w1 however idle both are: a worker whose requests of the last
+    10 s looked twice as slow counts a quarter of its capacity busier per doubling, up to three
+    quarters (``routing/pace.py``), and w2's first request, on a cold worker, can look 3-10
+    times slower than w1's. Requests sent together may then all fit on w1: on a busy host they
+    overlap only partly. A held request keeps its slot, and a worker
+    takes at most its capacity at once (``max-num-seqs`` 4), so streamed background creates
+    are opened one at a time and held until one lands on w2, the fifth at the latest. Each
+    generates 1,500 tokens (``ignore_eos``: random weights may end one at once), seconds of
+    work, while the next is placed in well under one. vLLM stores a background response when
+    it accepts it. Those on w1 are cancelled: the cases after run on an idle w1.
+    """
+    placed: list[tuple[str, str]] = []  # (response id, worker), in the order opened
+    with ExitStack() as held:
+        for i in range(_CAPACITY + 1):
+            raw = a.responses.with_raw_response.create(
+                model=MODEL,
+                input=f"where am I {i}",
+                max_output_tokens=1500,
+                background=True,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
+            created = next(iter(held.enter_context(raw.parse())))
+            placed.append((created.response.id, raw.headers["x-gpupool-worker"]))  # type: ignore[union-attr]
+            if placed[-1][1] == "w2":
+                break
+    for rid, worker in placed:
+        if worker == "w2":
+            continue
+        try:
+            a.responses.cancel(rid)
+        except openai.BadRequestError as e:  # vLLM: it ended before the cancel came
+            assert "Cannot cancel" in str(e)
+    assert placed[-1][1] == "w2", f"{_CAPACITY + 1} held at once, none on w2: {placed}"
+    return placed[-1][0]
 
 
 # ---- prefix-cache isolation --------------------------------------------------------------
