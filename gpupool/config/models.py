@@ -265,6 +265,17 @@ class SwapConfig(_Strict):
         description="Longest wait for a wake (level 2 reads the weights from disk again); "
         "beyond it the worker is marked failed and restarted.",
     )
+    pause_after_s: float | None = Field(
+        60.0,
+        ge=0,
+        description="Once a switch away from the awake model has waited this long for its "
+        "running requests, they are paused instead: vLLM's `/sleep?mode=keep` keeps them (their "
+        "KV cache is dropped, their streams stay open and stall), the other model is served, "
+        "and the next wake resumes them where they were, losing nothing a client holds (a "
+        "paused request costs its prompt's prefill again). A minute lets a chat answer finish "
+        "(no stall at all) yet keeps one long generation from holding the other model's users "
+        "for many minutes. None: never pause, wait for them however long they take.",
+    )
 
 
 class DiscoverRecord(StrEnum):

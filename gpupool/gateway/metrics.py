@@ -237,6 +237,11 @@ class Metrics:
             "gpupool_swap_waited_requests", "Requests that waited in the queue for their model "
             "to be woken.", ["model"], registry=r,
         )  # fmt: skip
+        self.swap_paused = Counter(
+            "gpupool_swap_paused_requests", "Running requests a switch paused (vLLM's "
+            "`/sleep?mode=keep`, after `swap.pause_after_s`) until their model's next wake.",
+            ["group", "model"], registry=r,
+        )  # fmt: skip
         self.asleep_seconds = Gauge(
             "gpupool_worker_asleep_seconds", "Seconds the worker has spent asleep in all.",
             mw, registry=r,

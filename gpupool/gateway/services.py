@@ -232,7 +232,7 @@ def build_services(
         cfg, registry, catalog, metrics, client, admission, pipeline, poller, supervisor,
         key_limits, replica, config_path=config_path, auth=auth, key_requests=key_requests,
     )  # fmt: skip
-    services.swap = build_swap(cfg, registry, client.session, metrics, supervisor, poller,
+    services.swap = build_swap(cfg, registry, client, metrics, supervisor, poller,
                                pipeline.slots)  # fmt: skip
     registry.on_change(services.on_worker_change)
     found = [wc for wc in cfg.workers if wc.discover is not None]

@@ -1,15 +1,18 @@
 """Wiring of swap groups (``workers/swap``) into the gateway: the controller built from the
 configuration, joined to the supervisor's launch gates, the poller's readiness, the pipeline's
-waiting requests and the metrics. None when no worker uses sleep mode."""
+waiting requests, the upstream pool's idle deadlines (held while a worker's requests are paused)
+and the metrics. None when no worker uses sleep mode."""
 
 from __future__ import annotations
 
-import aiohttp
+from collections.abc import Callable
 
 from gpupool.config.models import GpupoolConfig
 from gpupool.config.swap import sleeps
 from gpupool.gateway.metrics import Metrics
 from gpupool.gateway.pipeline.slots import Slots
+from gpupool.gateway.upstream.client import UpstreamClient
+from gpupool.gateway.upstream.http1 import origin_of
 from gpupool.workers.registry import Registry
 from gpupool.workers.remote import RemotePoller
 from gpupool.workers.supervisor.supervisor import Supervisor
@@ -29,11 +32,14 @@ class SwapMetrics:
         if waited:
             m.switch_waits.labels(model).inc(waited)
 
+    def paused(self, group: str, model: str, requests: int) -> None:
+        self.metrics.swap_paused.labels(group, model).inc(requests)
+
 
 def build_swap(
     cfg: GpupoolConfig,
     registry: Registry,
-    session: aiohttp.ClientSession,
+    client: UpstreamClient,
     metrics: Metrics,
     supervisor: Supervisor,
     poller: RemotePoller,
@@ -42,13 +48,28 @@ def build_swap(
     if not any(sleeps(w) for w in cfg.workers):
         return None
     swap = SwapController(
-        registry, session, cfg.workers, cfg.swap, SwapMetrics(metrics), supervisor.restart,
+        registry, client.session, cfg.workers, cfg.swap, SwapMetrics(metrics), supervisor.restart,
         probe_timeout_s=cfg.routing.health_timeout_s, read_s=cfg.routing.health_interval_s,
     )  # fmt: skip
     supervisor.use_launch_gates(swap.gate)
     poller.may_ready = swap.may_ready
     slots.demand = swap.demand
+    client.hold_by(held_since(registry))
     return swap
+
+
+def held_since(registry: Registry) -> Callable[[str], float]:
+    """An origin's last pause of its requests, for the upstream pool's idle deadlines: the
+    latest of its swap-group workers' (infinity while one holds requests paused)."""
+
+    def held(origin: str) -> float:
+        return max(
+            (w.held_since() for w in registry
+             if w.swap_group is not None and w.url is not None and origin_of(w.url) == origin),
+            default=0.0,
+        )  # fmt: skip
+
+    return held
 
 
 def record_asleep(registry: Registry, metrics: Metrics) -> None:

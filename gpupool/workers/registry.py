@@ -81,6 +81,20 @@ class Worker:
     ready_since: float | None = None
     swap_group: str | None = None  # workers of one group are never awake together
     asleep_s: float = 0.0  # time spent asleep before the current stretch
+    # a swap group's pause (``/sleep?mode=keep``): since when its running requests are kept,
+    # frozen in vLLM, until its wake resumes them (then None, and ``resumed_at`` that time)
+    paused_since: float | None = None
+    resumed_at: float = 0.0
+
+    @property
+    def paused(self) -> int:
+        """Requests of this gateway kept (frozen) on the worker by a pause: all in flight."""
+        return self.inflight if self.paused_since is not None else 0
+
+    def held_since(self) -> float:
+        """The last time its requests were paused (infinity while they are; 0: never): a
+        stream's idle deadline runs from then at the earliest."""
+        return float("inf") if self.paused_since is not None else self.resumed_at
 
     @property
     def window(self) -> int | None:

@@ -47,6 +47,7 @@ def worker_status(w: Worker) -> dict[str, Any]:
         "uptime_s": round(uptime, 1) if uptime is not None else None,
         "swap_group": w.swap_group,
         "asleep_s": round(w.time_asleep_s(), 1) if w.swap_group else None,
+        "paused": w.paused,  # of ``inflight``: kept asleep by a switch until its next wake
         "vllm": {"kv_cache_usage": w.kv_usage, "waiting": w.vllm_waiting,
                  "running": w.vllm_running},
     }  # fmt: skip

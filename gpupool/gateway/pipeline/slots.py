@@ -21,6 +21,7 @@ from gpupool.workers.registry import SLEEP_STATES, Registry
 from gpupool.workers.swap.demand import Demand
 
 _GIVEN = "given"
+_PRIORITY = "priority"  # the ticket's, recorded with ``demand.started`` (swap groups)
 _REGRANT_PAUSE_S = 0.05
 
 
@@ -75,6 +76,9 @@ class Slots:
 
     def _started(self, ticket: Ticket, lease: Lease) -> None:
         self.registry.started(lease.worker)
+        if self.demand is not None:
+            self.demand.started(lease.worker, ticket.priority)
+            lease.extra[_PRIORITY] = ticket.priority
         self.metrics.admitted(ticket.model).record(lease.queued_s)
 
     def give_now(self, lease: Lease) -> bool:
@@ -86,6 +90,8 @@ class Slots:
             return False
         lease.extra[_GIVEN] = True
         self.registry.finished(lease.worker)
+        if self.demand is not None and _PRIORITY in lease.extra:
+            self.demand.finished(lease.worker, lease.extra[_PRIORITY])
         return True
 
     async def give(self, lease: Lease) -> None:
@@ -93,4 +99,6 @@ class Slots:
             return
         lease.extra[_GIVEN] = True
         self.registry.finished(lease.worker)
+        if self.demand is not None and _PRIORITY in lease.extra:
+            self.demand.finished(lease.worker, lease.extra[_PRIORITY])
         await self.admission.release(lease)

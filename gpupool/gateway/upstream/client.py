@@ -19,7 +19,7 @@ from typing import Protocol
 import aiohttp
 
 from gpupool.gateway.upstream.common import UpstreamFailure
-from gpupool.gateway.upstream.http1 import Http1Pool, Http1Response
+from gpupool.gateway.upstream.http1 import Held, Http1Pool, Http1Response
 from gpupool.gateway.upstream.limits import WorkerLimits
 
 UpstreamResponse = Http1Response
@@ -96,6 +96,11 @@ class UpstreamClient:
     def abort(self, url: str) -> None:
         """Cut every open connection to a worker's origin: its in-flight requests fail at once."""
         self._pool.abort(url)
+
+    def hold_by(self, held_since: Held) -> None:
+        """Hold streams' idle deadlines while their worker's requests are paused (swap groups'
+        ``/sleep?mode=keep``): ``held_since(origin)``, see :meth:`Http1Pool.hold_by`."""
+        self._pool.hold_by(held_since)
 
     async def close(self) -> None:
         await self._pool.close()

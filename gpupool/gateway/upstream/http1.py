@@ -21,7 +21,8 @@ and a request can cross that close on the wire.
 A worker is only semi-trusted, so every read is bounded (:class:`WorkerLimits`, ``limits.py``):
 the head's bytes and header count (interim ``1xx`` heads included) and the number of interim
 heads; a body read whole; time, as a total deadline for a whole answer (from the send, never
-restarted by a byte) or, for a stream, a deadline for its head and then between its lines. Only
+restarted by a byte) or, for a stream, a deadline for its head and then between its lines (held
+while the worker's requests are paused: :meth:`Http1Pool.hold_by`). Only
 the headers a client needs are kept (``common.KEEP_RESPONSE``); the worker is asked for identity
 encoding and an encoded answer is refused, so nothing downstream ever reads compressed bytes.
 Bytes after a complete response end nothing but the connection's reuse: the answer stands.
@@ -46,6 +47,7 @@ from gpupool.gateway.upstream.common import KEEP_RESPONSE_HEADERS as _KEEP
 from gpupool.gateway.upstream.common import UpstreamFailure
 from gpupool.gateway.upstream.limits import INF, WorkerLimits, over
 
+Held = Callable[[str], float]  # an origin's last pause of its requests (inf: now; 0: never)
 _PAUSE_AT = 256 * 1024  # unconsumed stream bytes at which the worker's socket stops being read
 _NO_LIMIT = 1 << 62
 
@@ -76,6 +78,7 @@ class _Origin:
         "authority",
         "closed",
         "conns",
+        "held_since",
         "host",
         "idle",
         "keepalive_s",
@@ -102,6 +105,7 @@ class _Origin:
         self.conns: set[_Conn] = set()
         self.idle: deque[_Conn] = deque()
         self.closed = False
+        self.held_since: Held | None = None  # the pool's (``Http1Pool.hold_by``)
 
     def take(self, now: float) -> _Conn | None:
         """The most recently used idle connection, unless it is too old for the worker to keep.
@@ -485,6 +489,8 @@ class _Conn(asyncio.Protocol):
             if self._paused:  # our consumer is behind, not the worker: a fresh period
                 self._last_read = now
             due = self._last_read + lim.idle_s
+        if due - now <= 0.001 and self._stream:
+            due = self._held(due, now)
         if due - now > 0.001:
             self._timer = self._loop.call_at(due, self._check_timeout)
         elif self._stream:
@@ -494,6 +500,21 @@ class _Conn(asyncio.Protocol):
         else:
             what = f"worker timed out: no whole answer in {lim.total_s:g} s"
             self.fail(over("upstream_total_timeout_s", what))
+
+    def _held(self, due: float, now: float) -> float:
+        """A stream's idle deadline, moved to ``idle_s`` after the last time its worker held
+        its requests: a swap group's pause (``/sleep?mode=keep``) sends nothing, by design,
+        until the wake that resumes them. A whole answer's total deadline never moves."""
+        held_since = self._origin.held_since
+        if held_since is None:
+            return due
+        held = min(held_since(self._origin.key), now)
+        if held <= due - self._lim.idle_s:
+            return due
+        due = held + self._lim.idle_s
+        if self._deadline != INF:
+            self._deadline = due  # (its head's)
+        return due
 
 
 class Http1Response:
@@ -596,6 +617,7 @@ class Http1Pool:
 
     __slots__ = (
         "_connect_timeout_s",
+        "_held",
         "_idle_keepalive_s",
         "_limits",
         "_max_idle",
@@ -620,6 +642,14 @@ class Http1Pool:
         self._max_idle = max_idle_per_origin
         self._origins: dict[str, _Origin] = {}
         self._tls: ssl.SSLContext | None = None
+        self._held: Held | None = None
+
+    def hold_by(self, held_since: Held) -> None:
+        """Streams' idle deadlines run from ``held_since(origin)`` at the earliest: the last
+        time that origin's worker held its requests paused (infinity while it does)."""
+        self._held = held_since
+        for origin in self._origins.values():
+            origin.held_since = held_since
 
     async def open(
         self,
@@ -635,6 +665,7 @@ class Http1Pool:
         origin = self._origins.get(key)
         if origin is None:
             origin = _Origin(key, self._idle_keepalive_s, self._max_idle, self._tls_context)
+            origin.held_since = self._held
             self._origins[key] = origin
         data = _request(method, target, origin.authority, headers, body)
         head_only = method == "HEAD"
@@ -701,6 +732,11 @@ class Http1Pool:
             raise _died()
         origin.conns.add(conn)
         return conn
+
+
+def origin_of(url: str) -> str:
+    """``scheme://host:port`` of a worker URL: the pool's key for it."""
+    return _split(url)[0]
 
 
 def _split(url: str) -> tuple[str, str]:

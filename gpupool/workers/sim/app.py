@@ -201,6 +201,8 @@ def create_sim_app(config: SimConfig, sleep: SleepSettings | None = None) -> Sim
     if app.sleep is not None:
         app.sleep.running = lambda: len(app._generating)
         app.sleep.abort = app.service.engine.abort_all
+        app.sleep.freeze = app.service.engine.freeze
+        app.sleep.thaw = app.service.engine.thaw
     return app
 
 

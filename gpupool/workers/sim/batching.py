@@ -21,7 +21,8 @@ histograms move at the step that causes them; the gauges read the scheduler's li
 
 :meth:`StepEngine.abort_all` (a ``/sleep`` with ``mode=abort``) takes every sequence out of the
 engine, running or waiting, as vLLM's ``finish_requests(None, FINISHED_ABORTED)`` does: each
-request ends with the positions it had.
+request ends with the positions it had. A freeze (``mode=keep``) stops the steps: a step under
+way when it came makes nothing, and the next one runs after the thaw.
 """
 
 from __future__ import annotations
@@ -183,6 +184,7 @@ class StepEngine(Engine):
             first = True
             while self.waiting or self.scheduled:
                 await self.knobs.wait_unhung()
+                await self.wait_thawed()
                 now = time.monotonic()
                 self._admit(now)
                 batch = self._schedule()
@@ -191,6 +193,9 @@ class StepEngine(Engine):
                 first = False
                 end = start + duration
                 await asyncio.sleep(max(0.0, end - time.monotonic()))
+                if self.frozen_at is not None:  # paused during the step: it made nothing
+                    first = True
+                    continue
                 self._finish(batch, time.monotonic())
         finally:
             self._task = None

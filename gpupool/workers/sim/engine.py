@@ -7,6 +7,9 @@ slot is given back on exit, counted as an abort when the body raised or was canc
 :meth:`Engine.abort_all` is vLLM's abort of every request (a ``/sleep`` with ``mode=abort``):
 each request in the engine, running or waiting for a slot, ends at its next position with what
 it made so far (its pacing wakes at once; the body reads :attr:`Pacer.aborted`).
+:meth:`Engine.freeze` and :meth:`Engine.thaw` are vLLM's pause of its scheduler (a ``/sleep``
+with ``mode=keep``) and its resume at the wake: no request makes a token in between, and each
+goes on after the thaw where it was, its due times moved by the time it was frozen.
 """
 
 from __future__ import annotations
@@ -122,6 +125,9 @@ class Engine:
         self.slots = Slots(config.max_num_seqs)
         self.stats = Stats()
         self.aborts = 0  # abort_all() calls: a request that entered before one is aborted
+        self.frozen_at: float | None = None  # freeze(): no token until thaw()
+        self._thawed = asyncio.Event()
+        self._thawed.set()
         self._runs: set[Run] = set()
         blocks_per_seq = math.ceil(config.max_model_len / BLOCK_SIZE)
         self.cache = PrefixCache(config.max_num_seqs * blocks_per_seq)
@@ -155,6 +161,25 @@ class Engine:
         self.aborts += 1
         for run in self._runs:
             run.abort()
+
+    def freeze(self) -> None:
+        """Pause every request: none makes a token until :meth:`thaw`."""
+        if self.frozen_at is None:
+            self.frozen_at = time.monotonic()
+            self._thawed.clear()
+
+    def thaw(self) -> None:
+        """Resume them: each one's next tokens are due as late as it was frozen."""
+        if self.frozen_at is None:
+            return
+        now = time.monotonic()
+        for run in self._runs:
+            run.postpone(now - max(self.frozen_at, run.started))
+        self.frozen_at = None
+        self._thawed.set()
+
+    async def wait_thawed(self) -> None:
+        await self._thawed.wait()
 
     def _begin(self, adm: Admission) -> Run:
         now = time.monotonic()
@@ -275,8 +300,14 @@ class Run:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
+    def postpone(self, seconds: float) -> None:
+        """Its tokens to come are due ``seconds`` later (it was frozen that long)."""
+        self._due0 += max(seconds, 0.0)
+
     def made(self, steps: int) -> int:
         at = self._aborted_at or time.monotonic()  # position k is due at _due0 + k * _itl
+        frozen = self.engine.frozen_at
+        at = at if frozen is None else min(at, frozen)
         if at <= self._due0:
             return 0
         return steps if self._itl <= 0 else min(steps, math.ceil((at - self._due0) / self._itl))
@@ -284,7 +315,7 @@ class Run:
     async def pace(self, step: int) -> None:
         """Wait until token ``step`` (0-based, per choice) is due; record TTFT / ITL."""
         await self.engine.knobs.wait_unhung()
-        await self._sleep(self._due0 + step * self._itl - time.monotonic())
+        await self._due(lambda: self._due0 + step * self._itl)
         if self.aborted:
             return
         now = time.monotonic()
@@ -298,7 +329,7 @@ class Run:
     async def pace_all(self, steps: int) -> None:
         """Wait until the last of ``steps`` tokens is due (a non-streaming request)."""
         await self.engine.knobs.wait_unhung()
-        await self._sleep(self._due0 + max(steps - 1, 0) * self._itl - time.monotonic())
+        await self._due(lambda: self._due0 + max(steps - 1, 0) * self._itl)
         if self.aborted and self.made(steps) == 0:
             return  # no first token: no TTFT
         first = min(self._due0, time.monotonic())
@@ -306,6 +337,16 @@ class Run:
 
     def available(self, step: int, steps: int) -> int:
         return step + 1  # one position at a time, each at its own due time
+
+    async def _due(self, due: Callable[[], float]) -> None:
+        """Wait until ``due()`` (moved by a freeze) has passed while the engine is not frozen."""
+        engine = self.engine
+        while True:
+            if engine.frozen_at is not None and not self.aborted:
+                await engine.wait_thawed()
+            await self._sleep(due() - time.monotonic())
+            if engine.frozen_at is None or self.aborted:
+                return
 
     async def _sleep(self, delay: float) -> None:
         """``asyncio.sleep(delay)`` that :meth:`abort` ends early (as cheap: one timer)."""

@@ -16,9 +16,12 @@ included). ``wait`` lets them finish (one whose client left ends at once), then 
 sleep is counted (``sleeps_waited``), not a violation: it loses nothing. ``abort`` (vLLM's
 default, when ``mode`` is absent) aborts them (each client gets what vLLM's gets: the stream ends
 with ``finish_reason: "abort"`` and ``[DONE]``, a whole reply is a 200 with what was made), then
-sleeps; that loses work, so it is a violation. ``keep`` (freeze them until the wake) is not
-simulated: 501. From the /sleep call until the worker sleeps, a generation request is refused
-(and a violation) as while asleep: vLLM would hold it until the wake.
+sleeps; that loses work, so it is a violation. ``keep`` pauses them, as vLLM 0.26 does (its
+scheduler paused, the running requests preempted, to be recomputed): they make no token from
+the /sleep call until the wake that wakes every tag, then go on where they were; their streams
+stay open. Such a sleep is counted (``sleeps_kept``), not a violation: it loses nothing. From
+the /sleep call until the worker sleeps, a generation request is refused (and a violation) as
+while asleep: vLLM would hold it until the wake.
 
 A shared-GPU ledger (``--sleep-ledger FILE``, one JSON file for every simulated worker of one
 GPU) holds each one's ``--gpu-memory-utilization`` share while it is awake. A start or a wake
@@ -26,9 +29,9 @@ that would take the GPU past all of it fails the way CUDA does (start-up: the pr
 vLLM's free-memory error; a wake: 500 ``CUDA out of memory``) and is written to the ledger's
 ``violations``, as is any generation request (or stored response's route, ``stored.py``) that
 reaches a worker while it sleeps, and any sleep that aborted a generation. Each member's entry
-also has its ``sleeps_waited``. Tests read the ledger to prove that two workers of one GPU were
-never awake together, that none was sent a request while it slept, and that no sleep cut a
-generation short.
+also has its ``sleeps_waited`` and ``sleeps_kept``. Tests read the ledger to prove that two
+workers of one GPU were never awake together, that none was sent a request while it slept, and
+that no sleep cut a generation short.
 """
 
 from __future__ import annotations
@@ -100,6 +103,7 @@ class SleepMode:
     awake_tags: set[str] = field(default_factory=lambda: set(_TAGS))
     sleeps: int = 0
     sleeps_waited: int = 0  # sleeps (mode=wait) that waited for generations to end
+    sleeps_kept: int = 0  # sleeps (mode=keep) that paused generations until the wake
     wakes: int = 0
     falling: bool = False  # a /sleep is under way: generation requests are refused
     violations: list[str] = field(default_factory=list)
@@ -107,6 +111,8 @@ class SleepMode:
     sleep_fail: str | None = None
     running: Callable[[], int] = lambda: 0  # generations in flight (the app sets it)
     abort: Callable[[], None] = lambda: None  # the engine's abort of them all (the app sets it)
+    freeze: Callable[[], None] = lambda: None  # the engine's pause of them all (the app sets it)
+    thaw: Callable[[], None] = lambda: None  # and its resume
     _unhung: asyncio.Event = field(default_factory=asyncio.Event)  # set: sleeps go on
     _ended: asyncio.Event = field(default_factory=asyncio.Event)  # set: a generation ended
     _sleeping: asyncio.Lock = field(default_factory=asyncio.Lock)  # one sleep at a time
@@ -141,7 +147,8 @@ class SleepMode:
                 self.violations.append(note)
                 return False
             members[s.member] = {"share": s.share, "awake": True, "pid": os.getpid(),
-                                 "sleeps_waited": self.sleeps_waited}  # fmt: skip
+                                 "sleeps_waited": self.sleeps_waited,
+                                 "sleeps_kept": self.sleeps_kept}  # fmt: skip
             data.setdefault("peak_awake", 0.0)
             data["peak_awake"] = max(data["peak_awake"], others + s.share)
         return True
@@ -154,6 +161,7 @@ class SleepMode:
             if member is not None:
                 member["awake"] = False
                 member["sleeps_waited"] = self.sleeps_waited
+                member["sleeps_kept"] = self.sleeps_kept
 
     def _violation(self, note: str) -> None:
         self.violations.append(note)
@@ -209,9 +217,6 @@ class SleepMode:
         return await self.sleep(level, mode)
 
     async def sleep(self, level: int, mode: str = "abort") -> tuple[int, Any]:
-        if mode == "keep":
-            msg = "mode=keep (freeze the running requests until the wake) is not simulated."
-            return 501, {"error": {"message": msg, "type": "NotImplementedError", "code": 501}}
         if self.sleep_fail == "error":
             self.sleep_fail = None
             msg = "CUDA error: an illegal memory access (sim): the engine could not sleep."
@@ -233,9 +238,14 @@ class SleepMode:
         return 200, {"status": "sleeping", "level": level}
 
     async def _pause(self, mode: str) -> None:
-        """vLLM's pause before a sleep: abort the generations in flight, or wait for them."""
+        """vLLM's pause before a sleep: abort the generations in flight, wait for them, or
+        keep them (frozen until the wake)."""
         running = self.running()
         if not running:
+            return
+        if mode == "keep":
+            self.freeze()
+            self.sleeps_kept += 1
             return
         if mode == "abort":
             self._violation(f"sleep (mode=abort) aborted {running} generation(s)")
@@ -269,6 +279,7 @@ class SleepMode:
         if self.awake_tags == _TAGS:
             self.asleep, self.level = False, 0
             self.wakes += 1
+            self.thaw()  # (vLLM resumes its scheduler once all memory is resident)
         return 200, {"status": "sleeping" if self.asleep else "awake", "tags": sorted(tags)}
 
     def is_sleeping(self) -> tuple[int, Any]:
@@ -287,7 +298,8 @@ class SleepMode:
         s = self.settings
         host = s.weights_gib if self.asleep and self.level == 1 else 0.0
         return 200, {"asleep": self.asleep, "level": self.level, "sleeps": self.sleeps,
-                     "sleeps_waited": self.sleeps_waited, "falling_asleep": self.falling,
+                     "sleeps_waited": self.sleeps_waited, "sleeps_kept": self.sleeps_kept,
+                     "falling_asleep": self.falling,
                      "wakes": self.wakes, "host_ram_gib": host, "share": s.share,
                      "violations": self.violations}  # fmt: skip
 

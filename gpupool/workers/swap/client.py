@@ -7,7 +7,10 @@ Level 1 moves the weights to host RAM and drops the KV cache; a wake copies them
 drops both; a wake allocates the weights again, reloads them (``reload_weights`` through
 ``/collective_rpc``), then allocates the KV cache, whose prefix cache is reset.
 ``mode=wait`` has vLLM finish what it runs before sleeping (requests from outside the gateway);
-the gateway's own have finished by then.
+the gateway's own have finished by then. ``mode=keep`` (a switch's pause, ``swap.pause_after_s``)
+keeps what it runs: vLLM pauses its scheduler, preempts the running requests (their KV cache is
+dropped; they go back to its waiting queue, to be recomputed from their prompt and the tokens made
+so far), then sleeps; their HTTP streams stay open, and the wake resumes them.
 """
 
 from __future__ import annotations
@@ -42,8 +45,12 @@ async def _post(
         raise SleepCallFailed(f"{what}: {type(e).__name__}: {e}") from None
 
 
-async def sleep(session: aiohttp.ClientSession, url: str, level: int, timeout_s: float) -> None:
-    await _post(session, f"{url}/sleep?level={level}&mode=wait", timeout_s)
+async def sleep(
+    session: aiohttp.ClientSession, url: str, level: int, timeout_s: float, keep: bool = False
+) -> None:
+    """``keep``: pause (keep) the running requests rather than wait for them."""
+    mode = "keep" if keep else "wait"
+    await _post(session, f"{url}/sleep?level={level}&mode={mode}", timeout_s)
 
 
 async def wake(session: aiohttp.ClientSession, url: str, level: int, timeout_s: float) -> None:

@@ -50,7 +50,7 @@ class SwapController:
         turns = Turns(cfg.min_awake_s, cfg.priority_weight_s)
         seams = GroupSeams(registry, session, self.demand, events, restart, turns,
                            cfg.sleep_timeout_s, cfg.wake_timeout_s, probe_timeout_s,
-                           tick_s, read_s)  # fmt: skip
+                           tick_s, read_s, cfg.pause_after_s)  # fmt: skip
         members: dict[str, list[Member]] = {}
         for wc in workers:
             worker = registry.get(wc.name)

@@ -1,14 +1,17 @@
 """The requests waiting for a slot, per model: what a swap group's policy reads.
 
 The pipeline's ``Slots.take`` holds a :meth:`Demand.waiting` entry for as long as a request waits
-(whatever ends the wait removes it), so the count is exact for this gateway. Nothing here does
-I/O.
+(whatever ends the wait removes it), so the count is exact for this gateway. ``Slots`` also
+records each admitted request's priority on its worker until it ends (:meth:`Demand.started`,
+:meth:`Demand.finished`): requests a switch paused (``/sleep?mode=keep``) count as demand for
+their model with the best of those. Nothing here does I/O.
 """
 
 from __future__ import annotations
 
 import itertools
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,6 +28,7 @@ class Demand:
     def __init__(self) -> None:
         self._waiting: dict[str, dict[int, tuple[float, int]]] = {}
         self._ids = itertools.count()
+        self._running: dict[str, Counter[int]] = {}  # per worker: its requests' priorities
 
     @contextmanager
     def waiting(self, model: str, priority: int) -> Iterator[None]:
@@ -47,3 +51,23 @@ class Demand:
         oldest = min(since for since, _ in entries.values())
         best = min(priority for _, priority in entries.values())
         return ModelDemand(len(entries), now - oldest, best)
+
+    def started(self, worker: str, priority: int) -> None:
+        """A request of ``priority`` took a slot on ``worker``."""
+        self._running.setdefault(worker, Counter())[priority] += 1
+
+    def finished(self, worker: str, priority: int) -> None:
+        """It ended (once per ``started``)."""
+        mine = self._running.get(worker)
+        if mine is None:
+            return
+        mine[priority] -= 1
+        if mine[priority] <= 0:
+            del mine[priority]
+        if not mine:
+            del self._running[worker]
+
+    def best_running(self, worker: str) -> int:
+        """The most urgent priority among ``worker``'s requests (0, the default, if none)."""
+        mine = self._running.get(worker)
+        return min(mine) if mine else 0

@@ -4,15 +4,24 @@ The group's *holder* is the one member that may use the GPU (awake, waking, star
 falling asleep); every other member is asleep, or waits at its launch gate (a launched worker
 starting or restarting only launches while it holds the GPU). A switch, under the group's lock:
 
-    holder ready ──▶ falling_asleep (no new requests; running ones finish, however long)
-                 ──▶ POST /sleep?level=N&mode=wait ──▶ asleep      (holder: none)
+    holder ready ──▶ falling_asleep (no new requests; running ones finish, or are paused)
+                 ──▶ POST /sleep?level=N&mode=wait|keep ──▶ asleep  (holder: none)
     target asleep ─▶ waking ──▶ POST /wake_up (level 2: + reload_weights) ──▶ ready
     target at its launch gate ──▶ launched, ready                  (holder: target)
 
 The next member is woken only after the last one's /sleep answered (or its process was killed),
 and admission grants slots only on ``ready`` workers, so no request reaches a sleeping worker.
+
 A failed sleep or wake marks the worker failed; a launched one is restarted as supervision
 restarts a crash (its relaunch waits at the gate for its turn).
+
+A switch waits ``swap.pause_after_s`` at most for the holder's running requests (an admin's
+sleep, or an idle one, waits for them all); then it *pauses* them: ``/sleep?mode=keep`` keeps them
+in vLLM, frozen (their KV cache dropped, recomputed at the wake), their streams open. They keep
+their slots and in-flight counts on the sleeping worker (``Worker.paused_since``; the relay holds
+their idle deadline meanwhile, ``Worker.held_since``), and count as demand for their model, waiting
+since the pause with their best priority, so the policy gives it the GPU back in its turn; that
+wake resumes them where they were.
 
 A ``url:`` member frees the GPU only once gpupool knows it sleeps: its /sleep answered, or its
 ``/is_sleeping`` says so (``reading.py``). One that holds the GPU in a state that does not say
@@ -71,6 +80,10 @@ class SwapEvents(Protocol):
         """The GPU went to ``model`` after ``seconds``; ``waited`` requests were waiting."""
         ...
 
+    def paused(self, group: str, model: str, requests: int) -> None:
+        """A switch paused ``requests`` running requests of ``model`` (``/sleep?mode=keep``)."""
+        ...
+
 
 @dataclass(slots=True)
 class Member:
@@ -100,6 +113,7 @@ class GroupSeams:
     probe_timeout_s: float = 10.0
     tick_s: float = 0.1
     read_s: float = 2.0  # the pace of reads of a url: holder in doubt (the health interval)
+    pause_after_s: float | None = None  # a switch pauses the holder's requests after this wait
 
 
 class SwapGroup:
@@ -299,12 +313,20 @@ class SwapGroup:
             d = self.seams.demand.of(model, now)
             if d is not None:
                 out[model] = d
+        for m in self.members:  # paused requests: waiting for their model since the pause
+            w = m.worker
+            if w.paused_since is None or not w.inflight or w.state is WorkerState.ready:
+                continue
+            kept = ModelDemand(w.paused, now - w.paused_since,
+                               self.seams.demand.best_running(w.name))  # fmt: skip
+            out[w.model] = _merged(out.get(w.model), kept)
         return out
 
     def _target(self, model: str) -> Member | None:
         """The member to wake for ``model``: an asleep one, else one waiting at its gate."""
+        members = sorted(self.members, key=lambda m: not m.worker.paused)  # its paused first
         for states in ((WorkerState.asleep,), (WorkerState.starting, WorkerState.failed)):
-            for m in self.members:
+            for m in members:
                 w = m.worker
                 if w.model != model or w.state not in states:
                     continue
@@ -327,7 +349,7 @@ class SwapGroup:
             return False
         if (target.worker.last_error or "").startswith(self._waits_for):
             target.worker.last_error = None
-        if old is not None and old is not target and not await self._put_to_sleep(old):
+        if old is not None and old is not target and not await self._put_to_sleep(old, True):
             return False
         self.holder = target
         self._awake_since = time.monotonic()
@@ -346,8 +368,9 @@ class SwapGroup:
             return m.worker.state is WorkerState.asleep
         return await self._put_to_sleep(m)
 
-    async def _put_to_sleep(self, m: Member) -> bool:
-        """Stop new requests, let the running ones finish, /sleep. True when the GPU is free."""
+    async def _put_to_sleep(self, m: Member, switch: bool = False) -> bool:
+        """Stop new requests, let the running ones finish (a ``switch`` pauses them after
+        ``pause_after_s``), /sleep. True when the GPU is free."""
         w, registry = m.worker, self.seams.registry
         self._leaving = m
         try:
@@ -355,10 +378,11 @@ class SwapGroup:
                 await self._until(w, (*_UP, WorkerState.stopped))
             if w.state is WorkerState.ready:
                 registry.transition(w, WorkerState.falling_asleep)
-                while w.inflight > 0 and state_of(w) is WorkerState.falling_asleep:
-                    await registry.wait_idle(w, 1.0)
+                keep = await self._drain(w, self.seams.pause_after_s if switch else None)
                 if state_of(w) is WorkerState.falling_asleep:
-                    freed = await self._sleep_call(m)
+                    if keep:
+                        self._pause(m)
+                    freed = await self._sleep_call(m, keep)
                     if not freed:
                         return False
                 elif not m.launched:
@@ -372,8 +396,34 @@ class SwapGroup:
         finally:
             self._leaving = None
 
-    async def _sleep_call(self, m: Member) -> bool:
-        error = await self._ask_sleep(m)
+    async def _drain(self, w: Worker, pause_after_s: float | None) -> bool:
+        """Wait for ``w``'s running requests to end while it falls asleep; True when some still
+        run after ``pause_after_s`` (they are to be paused)."""
+        registry = self.seams.registry
+        deadline = None if pause_after_s is None else time.monotonic() + pause_after_s
+        while w.inflight > 0 and state_of(w) is WorkerState.falling_asleep:
+            left = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+            if left <= 0:
+                return True
+            await registry.wait_idle(w, left)
+        return False
+
+    def _pause(self, m: Member) -> None:
+        """Its running requests are paused from now (asked of vLLM next, ``mode=keep``)."""
+        w = m.worker
+        w.paused_since = time.monotonic()
+        log.info("swap group %s: pausing %d request(s) on %s after %g s", self.name,
+                 w.inflight, w.name, self.seams.pause_after_s)  # fmt: skip
+        self.seams.events.paused(self.name, w.model, w.inflight)
+
+    @staticmethod
+    def _resume(w: Worker) -> None:
+        """Its paused requests run again (its wake answered), or are gone (it failed)."""
+        if w.paused_since is not None:
+            w.paused_since, w.resumed_at = None, time.monotonic()
+
+    async def _sleep_call(self, m: Member, keep: bool = False) -> bool:
+        error = await self._ask_sleep(m, keep=keep)
         if error is not None:
             return await self._failed(m, error)
         w = m.worker
@@ -383,7 +433,9 @@ class SwapGroup:
             self.seams.registry.transition(w, WorkerState.asleep)  # (not if drained meanwhile)
         return True
 
-    async def _ask_sleep(self, m: Member, wake_first: bool = False) -> str | None:
+    async def _ask_sleep(
+        self, m: Member, wake_first: bool = False, keep: bool = False
+    ) -> str | None:
         """POST /sleep at its level: None once it answered, else why not. ``wake_first``: a
         plain /wake_up before it (wakes whatever tags a failed wake left asleep, so that the
         /sleep frees them all: vLLM's /sleep does nothing while ``weights`` sleeps)."""
@@ -396,7 +448,7 @@ class SwapGroup:
                 return f"wake (to sleep again after a failed wake) failed: {e}"
         level, m.next_level = m.next_level or m.level, None
         try:
-            await client.sleep(seams.session, w.url, level, seams.sleep_timeout_s)
+            await client.sleep(seams.session, w.url, level, seams.sleep_timeout_s, keep)
         except SleepCallFailed as e:
             m.sleep_asked = not m.launched  # (a launched one is restarted)
             return f"sleep failed: {e}"
@@ -497,6 +549,7 @@ class SwapGroup:
         return True
 
     def _mark_ready(self, m: Member) -> None:
+        self._resume(m.worker)
         m.worker.consecutive_failures = 0
         m.sleep_asked = m.wake_unsure = False
         self._doubt.discard(m.worker.name)  # (known awake: the group's holder)
@@ -506,6 +559,7 @@ class SwapGroup:
         """Mark ``m`` failed; restart a launched one. True when its GPU memory is free (a
         ``url:`` one's never is: it stays the holder, read again from ``_reread``)."""
         w = m.worker
+        self._resume(w)  # (a restart ends its paused requests; a url: one is read again)
         log.warning("swap group %s: worker %s: %s", self.name, w.name, reason)
         w.last_error = reason if m.launched else self._waiting(m, reason)
         self.seams.registry.transition(w, WorkerState.failed)
@@ -526,3 +580,10 @@ class SwapGroup:
             if deadline is not None and time.monotonic() >= deadline:
                 return
             await asyncio.sleep(_POLL_S)
+
+
+def _merged(a: ModelDemand | None, b: ModelDemand) -> ModelDemand:
+    if a is None:
+        return b
+    priority = min(a.best_priority, b.best_priority)
+    return ModelDemand(a.count + b.count, max(a.oldest_s, b.oldest_s), priority)

@@ -1,10 +1,12 @@
-"""``POST /sleep?level=N&mode=wait|abort`` in the simulator behaves as vLLM's does.
+"""``POST /sleep?level=N&mode=wait|abort|keep`` in the simulator behaves as vLLM's does.
 
 ``wait`` lets the generations in flight finish (a client that left ends its own at once), then
 sleeps: counted in ``sleeps_waited``, not a violation. ``abort`` (also what no ``mode`` means)
 ends them as vLLM's engine abort does (a stream's last chunk says ``finish_reason: "abort"``,
 then usage and ``[DONE]``; a whole reply is a 200 with what was made), and is a violation: it
-lost work. A generation request while a sleep is under way is refused as while asleep."""
+lost work. ``keep`` pauses them until the wake (no token while asleep), then they go on where they
+were, whole: counted in ``sleeps_kept``, not a violation. A generation request while a sleep is
+under way is refused as while asleep."""
 
 from __future__ import annotations
 
@@ -159,19 +161,15 @@ async def test_an_aborted_whole_reply_keeps_what_was_made(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     ("query", "status", "locs"),
     [("?level=x", 422, [["query", "level"]]), ("?level=3", 422, [["query", "level"]]),
-     ("?level=-1&mode=later", 422, [["query", "level"], ["query", "mode"]]),
-     ("?level=1&mode=keep", 501, None)],
+     ("?level=-1&mode=later", 422, [["query", "level"], ["query", "mode"]])],
 )  # fmt: skip
 async def test_a_bad_sleep_query_is_refused_in_vllms_shape(
-    tmp_path: Path, query: str, status: int, locs: list[list[str]] | None
+    tmp_path: Path, query: str, status: int, locs: list[list[str]]
 ) -> None:
     async with _client(_app(tmp_path)) as client:
         r = await client.post("/sleep" + query)
         assert r.status_code == status
-        if locs is not None:
-            assert [d["loc"] for d in r.json()["detail"]] == locs
-        else:
-            assert "not simulated" in r.json()["error"]["message"]
+        assert [d["loc"] for d in r.json()["detail"]] == locs
         assert (await client.get("/is_sleeping")).json() == {"is_sleeping": False}
 
 
@@ -205,3 +203,37 @@ def test_wait_ends_at_once_for_a_client_that_left(tmp_path: Path) -> None:
         stats = httpx.get(worker.url + "/sim/sleep").json()
         assert (stats["asleep"], stats["sleeps_waited"], stats["violations"]) == (True, 1, [])
         assert httpx.get(worker.url + "/sim/stats").json()["aborted_total"] == 1
+
+
+@pytest.mark.parametrize("engine", sorted(ENGINES))
+@pytest.mark.parametrize("level", [1, 2])
+async def test_keep_freezes_the_generations_until_the_wake(
+    tmp_path: Path, engine: str, level: int
+) -> None:
+    app = _app(tmp_path, engine)
+    assert app.sleep is not None
+    async with _client(app) as client:
+        streamed, whole = _stream(client, 40), _whole(client, 40)
+        await _until("both run", lambda: app.sleep is not None and app.sleep.running() == 2)
+        await asyncio.sleep(0.1)  # (some tokens made: not a timed assertion)
+        r = await client.post(f"/sleep?level={level}&mode=keep")
+        assert r.status_code == 200
+        assert (await client.get("/is_sleeping")).json() == {"is_sleeping": True}
+        made = app.service.engine.metrics.counters["generation_tokens"]
+        await asyncio.sleep(0.3)  # frozen: nothing ends, nothing is made
+        assert not streamed.done() and not whole.done() and app.sleep.running() == 2
+        assert app.service.engine.metrics.counters["generation_tokens"] == made
+        tags = ["?tags=weights", "?tags=kv_cache"] if level == 2 else [""]
+        for tag in tags:
+            assert (await client.post("/wake_up" + tag)).status_code == 200
+        events = _events((await streamed).text)
+        answer = (await whole).json()
+        stats = (await client.get("/sim/sleep")).json()
+    assert events[-2]["choices"][0]["finish_reason"] == "length"
+    assert events[-1]["usage"]["completion_tokens"] == 40  # every token, after the wake
+    choice = answer["choices"][0]
+    assert choice["finish_reason"] == "length" and answer["usage"]["completion_tokens"] == 40
+    assert (stats["sleeps_kept"], stats["sleeps_waited"], stats["violations"]) == (1, 0, [])
+    ledger = json.loads((tmp_path / "ledger.json").read_text())
+    assert ledger["violations"] == []
+    assert [m["sleeps_kept"] for m in ledger["members"].values()] == [1]
