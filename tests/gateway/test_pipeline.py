@@ -134,7 +134,7 @@ class Rig:
                 + await self.limits.in_use("pair"))  # fmt: skip
 
 
-def rig(path: FakePath, capacity: int = 1, workers: int = 1) -> Rig:
+def rig(path: FakePath, capacity: int = 1, workers: int = 1, router: Router | None = None) -> Rig:
     cfg = _cfg(capacity, workers)
     registry = Registry()
     for wc in cfg.workers:
@@ -143,7 +143,7 @@ def rig(path: FakePath, capacity: int = 1, workers: int = 1) -> Rig:
         registry.add(w)
     admission = MemoryAdmission.from_config(cfg.queue, RegistryView(registry), "r1")
     limits = KeyLimits()
-    pipeline = Pipeline(cfg, registry, Catalog(cfg.models), Router(), admission, path,
+    pipeline = Pipeline(cfg, registry, Catalog(cfg.models), router or Router(), admission, path,
                         Metrics(), limits)  # fmt: skip
     return Rig(pipeline, registry, admission, limits, path, KeyStore(cfg.auth))
 
@@ -402,3 +402,33 @@ def test_every_turn_of_a_conversation_has_the_same_key() -> None:
     system = [{"role": "system", "content": "be brief"}]
     assert key(first) == key(second) != key(other)
     assert key(system + first) == key(system + second) != key(system + other)
+
+
+class _Timed(Router):
+    """A router that keeps the times it was told (``served``): the pace samples."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.times: list[float] = []
+
+    def served(self, req: Any, worker: str, seconds: float = 0.0, output_tokens: int = 0) -> None:
+        self.times.append(seconds)
+        super().served(req, worker, seconds, output_tokens)
+
+
+async def test_only_requests_that_generate_now_are_pace_samples() -> None:
+    """A background create is answered at once and generates later; a stored response's GET
+    is answered with the stored one's usage: neither times the worker's generation, so
+    neither teaches the router how fast it is (``routing/pace.py``). A completion does. (A
+    stored response's plans, ``stored.py``, are never paced: ``Plan.paced`` defaults to no.)"""
+    queued = orjson.dumps({"id": "resp_1", "object": "response", "status": "queued",
+                           "model": MODEL, "output": [], "usage": None})  # fmt: skip
+    timed = _Timed()
+    r = rig(FakePath(lambda url, body: FakeResponse(body=queued) if "responses" in url
+                     else FakeResponse()), router=timed)  # fmt: skip
+    background = orjson.dumps({"model": MODEL, "input": "hi", "max_output_tokens": 64,
+                               "background": True})  # fmt: skip
+    await _finish(await _handle(r, background, "/v1/responses"))
+    await _finish(await _handle(r, _completion()))
+    assert len(timed.times) == 2 and timed.times[0] == 0.0 and timed.times[1] > 0
+    assert await r.held() == 0

@@ -75,6 +75,10 @@ class Plan:
     pinned: bool = False  # only its ticket's worker holds what it needs (a stored response)
     answered: Callable[[str], Awaitable[None]] | None = None  # the worker accepted it (< 400)
     sequences: int = 1  # sequences it may generate (n x prompts; 0: none, embeddings)
+    # its time is a sample of the worker's pace (``routing/pace.py``): it generates, here and now;
+    # not a stored response's GET/cancel (its usage is the stored one's) nor a background create
+    # (answered at once, generated later)
+    paced: bool = False
 
 
 class Exchange:
@@ -191,7 +195,7 @@ class Exchange:
         )
         if self.status == "200":
             # the worker's own time (not the queue's); a retried request is no clean sample
-            took = 0.0 if plan.tried else elapsed - self.lease.queued_s
+            took = 0.0 if plan.tried or not plan.paced else elapsed - self.lease.queued_s
             d.router.served(plan.route, worker, took, self.completion)
             d.registry.succeeded(worker)
 

@@ -179,6 +179,7 @@ class Pipeline:
         transform = self._transform(kind, req, model)
         plan = Plan(kind, model, route, body, req.stream, ctx, ticket, transform, strip_usage)
         plan.sequences = req.sequences if kind.generates else 0  # bounds the usage it may report
+        plan.paced = kind.generates and req.body.get("background") is not True
         gate = self.dispatcher.gate
         if req.stream and gate.min_tokens and len(req.raw) >= gate.min_tokens:  # >= 1 byte a token
             tokens = (
