@@ -93,8 +93,14 @@ def no_reload(worker: WorkerConfig) -> str | None:
     launch = worker.launch
     if launch is None:
         return None
-    for key, value in launch.args.items():
-        if key.lstrip("-").replace("_", "-") == "load-format" and str(value) == "dummy":
+    given = [(k.lstrip("-").replace("_", "-"), str(v)) for k, v in launch.args.items()]
+    command = launch.command or []  # `--load-format dummy` or `--load-format=dummy` in it
+    for i, word in enumerate(command):
+        key, eq, value = word.partition("=")
+        if key == "--load-format":
+            given.append(("load-format", value if eq else "".join(command[i + 1 : i + 2])))
+    for key, value in given:
+        if key == "load-format" and value == "dummy":
             return (
                 f"worker `{worker.name}` loads `load-format: dummy` weights, which vLLM cannot "
                 "reload: a level-2 wake would fail and restart it; use level 1, or real weights"

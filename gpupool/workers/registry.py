@@ -123,6 +123,10 @@ class Worker:
         now = time.monotonic()
         if self.state is WorkerState.asleep:
             self.asleep_s += now - self.state_since
+        if self.paused_since is not None and state not in SLEEP_STATES:
+            # however it left its sleep (its group's wake, a restart, a drain, a failure), its
+            # requests are no longer kept: their idle deadline runs again from now
+            self.paused_since, self.resumed_at = None, now
         self.state = state
         self.state_since = now
         self.ready_since = self.state_since if state is WorkerState.ready else None

@@ -149,8 +149,9 @@ async def sleep(request: Request) -> ASGIApp:
 
 
 async def wake(request: Request) -> ASGIApp:
-    """Give a sleep-mode worker its swap group's GPU now (the awake one's running requests
-    finish, it is put to sleep, then this one is woken)."""
+    """Give a sleep-mode worker its swap group's GPU now: a switch like a request's (the awake
+    one's running requests finish, or are paused after ``swap.pause_after_s``; it is put to
+    sleep, then this one is woken)."""
     _query(request, {})
     w, svc = _worker(request), services(request)
     await _swap(svc, w).wake(w.name)

@@ -122,7 +122,8 @@ class SwapController:
                 member.next_level = None
 
     async def wake(self, name: str) -> bool:
-        """Give ``name`` its group's GPU now (the holder's running requests finish first)."""
+        """Give ``name`` its group's GPU now: a switch like any other (the holder's running
+        requests finish first, or are paused after ``swap.pause_after_s``)."""
         group, member = self._find(name)
         async with group.lock:
             if member.worker.state in (WorkerState.draining, WorkerState.stopped):

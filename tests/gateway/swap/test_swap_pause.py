@@ -42,14 +42,15 @@ def _config(tmp: Path, backend: str, redis: RedisServer, pause: float | None) ->
     queue: dict[str, Any] = {"backend": backend, "max_wait_s": DEADLINE_S}
     if backend == "redis":
         queue |= {"redis_url": redis.url, "redis_prefix": f"pause-{tmp.name}"}
-    # a short idle deadline: a paused stream outlives it (held while paused, not cut)
+    # a short idle deadline: a paused stream outlives it (held while paused, not cut); 2 s,
+    # forty times the gap between tokens, so a loaded machine's stall cannot cut a stream
     cfg = two_model_config(tmp, queue=queue, swap={"pause_after_s": pause},
-                           server={"upstream_read_timeout_s": 1.0})  # fmt: skip
+                           server={"upstream_read_timeout_s": 2.0})  # fmt: skip
     ledger = tmp / "gpu0-ledger.json"
-    # coder: 200 tokens at 50 ms (10 s a request); chat wakes slowly (2 s), so the paused
-    # worker is seen asleep with its request kept while chat wakes
+    # coder: 200 tokens at 50 ms (10 s a request); chat wakes slowly (4 s: the pause outlasts
+    # the idle deadline twice), so the paused worker is seen asleep with its request kept
     cfg["workers"] = [launched("coder-w", "coder", ledger, **{"itl-ms": 50}),
-                      launched("chat-w", "chat", ledger, **{"wake-s": 2.0})]  # fmt: skip
+                      launched("chat-w", "chat", ledger, **{"wake-s": 4.0})]  # fmt: skip
     return cfg
 
 

@@ -86,6 +86,11 @@ def test_level_2_on_dummy_weights_is_refused_naming_why() -> None:
     assert "workers[0].sleep.level" in str(e.value) and "cannot reload" in str(e.value)
     c = cfg({**a, "sleep": {"level": 1}}, launched("b", "y", [0], 0.8))  # level 1: fine
     assert [int(w.sleep.level) for w in c.workers if w.sleep] == [1, 1]
+    for words in (["--load-format", "dummy"], ["--load-format=dummy"]):  # in the command
+        b = launched("a", "x", [0], 0.8)
+        b["launch"]["command"] = ["vllm", "serve", "{model_path}", *words]
+        with pytest.raises(ConfigError):
+            cfg({**b, "sleep": {"level": 2}}, launched("b", "y", [0], 0.8))
 
 
 def _specs(c: GpupoolConfig, model: str) -> dict[str, ModelSpec | None]:
