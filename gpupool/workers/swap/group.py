@@ -416,12 +416,6 @@ class SwapGroup:
                  w.inflight, w.name, self.seams.pause_after_s)  # fmt: skip
         self.seams.events.paused(self.name, w.model, w.inflight)
 
-    @staticmethod
-    def _resume(w: Worker) -> None:
-        """Its paused requests run again (its wake answered), or are gone (it failed)."""
-        if w.paused_since is not None:
-            w.paused_since, w.resumed_at = None, time.monotonic()
-
     async def _sleep_call(self, m: Member, keep: bool = False) -> bool:
         error = await self._ask_sleep(m, keep=keep)
         if error is not None:
@@ -549,7 +543,6 @@ class SwapGroup:
         return True
 
     def _mark_ready(self, m: Member) -> None:
-        self._resume(m.worker)
         m.worker.consecutive_failures = 0
         m.sleep_asked = m.wake_unsure = False
         self._doubt.discard(m.worker.name)  # (known awake: the group's holder)
@@ -559,7 +552,6 @@ class SwapGroup:
         """Mark ``m`` failed; restart a launched one. True when its GPU memory is free (a
         ``url:`` one's never is: it stays the holder, read again from ``_reread``)."""
         w = m.worker
-        self._resume(w)  # (a restart ends its paused requests; a url: one is read again)
         log.warning("swap group %s: worker %s: %s", self.name, w.name, reason)
         w.last_error = reason if m.launched else self._waiting(m, reason)
         self.seams.registry.transition(w, WorkerState.failed)
