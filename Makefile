@@ -46,7 +46,7 @@ docker-deps:
 # simulated workers found by DNS; a gateway killed under load; the workers scaled 2 -> 3 -> 1.
 # The base image's tarball is cached in .cache/docker, the wheels in docker/wheels.
 docker-test: install docker-deps ops-deps
-	$(BIN)/pytest -q -s tests/deploy tests/test_docker_files.py
+	$(BIN)/pytest -q -s tests/deploy tests/deploy/test_docker_files.py
 
 unit: install
 	$(BIN)/pytest -q -m "not vllm"

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.procs import free_port
+from tests.support.procs import free_port
 
 
 class RedisServer:

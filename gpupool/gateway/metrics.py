@@ -147,7 +147,7 @@ def _unlocked(child: Counter | Histogram, attr: str) -> _Tally:
     """Swap the child's locked value ``attr`` for a :class:`_Tally` (same reads for a scrape).
 
     Fails loudly (AttributeError) if ``prometheus_client`` renames it: see
-    tests/test_metrics_hot.py."""
+    tests/gateway/test_metrics_hot.py."""
     tally = _Tally(getattr(child, attr).get())
     setattr(child, attr, tally)
     return tally

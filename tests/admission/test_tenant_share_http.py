@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.procs import gateway, redis_server, running, sim
+from tests.support.procs import gateway, redis_server, running, sim
 
 BATCH, CHAT = "sk-batch-1", "sk-chat-1"
 

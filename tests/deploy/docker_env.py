@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.procs import ROOT
+from tests.support.procs import ROOT
 
 SBIN = ":/usr/sbin:/sbin"
 BASE_TAG = "python:3.11-slim"  # the tag docker/Dockerfile's BASE_IMAGE defaults to

@@ -20,8 +20,8 @@ import yaml
 
 from tests.deploy.dns import DOMAIN, Dnsmasq, dnsmasq_binary
 from tests.deploy.load import Load, wait_until
-from tests.hostile_tools import assert_nothing_held
-from tests.procs import Proc, free_port, gateway, running, sim, wait_http
+from tests.support.hostile_tools import assert_nothing_held
+from tests.support.procs import Proc, free_port, gateway, running, sim, wait_http
 
 pytestmark = pytest.mark.skipif(
     dnsmasq_binary() is None,

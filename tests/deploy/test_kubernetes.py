@@ -26,7 +26,7 @@ from tests.deploy.kustomize import (
     render_plain,
     secret_text,
 )
-from tests.procs import ROOT
+from tests.support.procs import ROOT
 
 K8S = ROOT / "deploy" / "kubernetes"
 SEED000 = ROOT / "config" / "examples" / "seed000-pro6000-5090.yaml"

@@ -32,8 +32,8 @@ from tests.deploy.docker_env import (
     why_no_engine,
 )
 from tests.deploy.load import Load, wait_until
-from tests.hostile_tools import assert_nothing_held
-from tests.procs import ROOT, free_port
+from tests.support.hostile_tools import assert_nothing_held
+from tests.support.procs import ROOT, free_port
 
 COMPOSE = ROOT / "docker" / "compose.sim.yaml"
 CONFIG = yaml.safe_load((ROOT / "docker" / "gpupool.sim.yaml").read_text())

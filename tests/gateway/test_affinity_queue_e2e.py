@@ -22,7 +22,7 @@ import httpx
 import openai
 import pytest
 
-from tests.procs import gateway, running, sim
+from tests.support.procs import gateway, running, sim
 
 MODEL = "m"
 SYSTEM = {"role": "system", "content": " ".join(["w"] * 1500)}  # a history worth keeping

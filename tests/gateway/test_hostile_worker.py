@@ -1,6 +1,6 @@
 """A broken or hostile worker cannot hurt the gateway or its clients (issue 26).
 
-One raw-socket fake vLLM (``tests/hostile_worker.py``) stays ready (health, models and metrics
+One raw-socket fake vLLM (``support/hostile_worker.py``) stays ready (health, models and metrics
 answer normally) and misbehaves on generation, one mode per case. ``gpupool serve`` runs as a
 process in front of it, once with the memory backend and once with Redis (admission and the
 per-key limits through a real ``redis-server``), with short bounds and deadlines so every case
@@ -29,10 +29,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.fault_tools import report
-from tests.hostile_tools import assert_nothing_held
-from tests.hostile_worker import HOSTILE_HEADERS, LONG_TEXT
-from tests.procs import Proc, free_port, gateway, redis_server, running
+from tests.support.fault_tools import report
+from tests.support.hostile_tools import assert_nothing_held
+from tests.support.hostile_worker import HOSTILE_HEADERS, LONG_TEXT
+from tests.support.procs import Proc, free_port, gateway, redis_server, running
 
 MODEL, WINDOW, MAX_TOKENS = "m", 4096, 16
 KEY, ADMIN = "sk-hostile-worker", "sk-hostile-admin"
@@ -71,8 +71,8 @@ def _cfg(worker_url: str, redis_url: str | None) -> dict[str, Any]:
 
 def hostile_worker(tmp: Path) -> Proc:
     port = free_port()
-    argv = [sys.executable, "-m", "tests.hostile_worker", "--port", str(port), "--model", MODEL,
-            "--window", str(WINDOW)]  # fmt: skip
+    argv = [sys.executable, "-m", "tests.support.hostile_worker", "--port", str(port),
+            "--model", MODEL, "--window", str(WINDOW)]  # fmt: skip
     return Proc(argv, f"http://127.0.0.1:{port}", tmp / f"hostile-worker-{port}.log")
 
 

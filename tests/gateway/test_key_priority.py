@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import openai
 
-from tests.procs import gateway, running, sim
+from tests.support.procs import gateway, running, sim
 
 MODEL = "m"
 ADMIN = "sk-admin-prio"

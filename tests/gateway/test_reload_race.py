@@ -26,8 +26,8 @@ from gpupool.config import load_config
 from gpupool.gateway import reload
 from gpupool.gateway.api.app import create_app
 from gpupool.gateway.services import Services
-from tests.hostile_tools import assert_nothing_held
-from tests.procs import free_port
+from tests.support.hostile_tools import assert_nothing_held
+from tests.support.procs import free_port
 
 MODEL = "m"
 ADMIN, ZED, ALICE, BOB = "sk-admin-race", "sk-zed-race", "sk-alice-race", "sk-bob-race"

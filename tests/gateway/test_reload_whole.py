@@ -26,7 +26,7 @@ import openai
 import pytest
 import yaml
 
-from tests.procs import Proc, gateway, running, sim
+from tests.support.procs import Proc, gateway, running, sim
 
 MODEL = "m"
 ADMIN, ALICE, BOB = "sk-admin-reload", "sk-alice-reload", "sk-bob-reload"

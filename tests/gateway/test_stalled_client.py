@@ -30,8 +30,8 @@ import pytest
 from pydantic import ValidationError
 
 from gpupool.config.models import ServerConfig
-from tests.hostile_tools import Recorder, assert_nothing_held, held
-from tests.procs import Proc, gateway, running, sim
+from tests.support.hostile_tools import Recorder, assert_nothing_held, held
+from tests.support.procs import Proc, gateway, running, sim
 
 MODEL, OTHER = "m", "a"  # the simulator's model; the stand-in's (responses and messages)
 KEY, ADMIN = "sk-stall-key", "sk-stall-admin"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import ROOT
+from tests.support.procs import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts" / "gpu_lane"))
 import report

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.procs import ROOT, Proc, gateway, running, sim
+from tests.support.procs import ROOT, Proc, gateway, running, sim
 
 MODEL = "tiny"
 BIG_WINDOW, SMALL_WINDOW = 2048, 768

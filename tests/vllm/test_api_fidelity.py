@@ -28,7 +28,7 @@ import httpx
 import openai
 import pytest
 
-from tests.procs import gateway, running
+from tests.support.procs import gateway, running
 from tests.vllm.conftest import _paths, _worker, wait_ready
 from tests.vllm.test_conformance import PARSED, SPLIT, WINDOW, Stack, _post, stack
 

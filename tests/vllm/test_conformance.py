@@ -33,7 +33,7 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from tests.procs import gateway, running
+from tests.support.procs import gateway, running
 from tests.vllm.conftest import _paths, _worker, wait_ready
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
@@ -41,7 +41,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 PARSED, SPLIT = "tiny-p", "tiny"
 WINDOW = 2048
 # Issue 12's item 2 (a queued stream that times out is a real 429 the SDK retries) is tested in
-# tests/test_queue_e2e.py with simulated workers: a tiny model on vLLM generates too fast to hold
+# tests/e2e/test_queue_e2e with simulated workers: a tiny model on vLLM generates too fast to hold
 # its slots long enough for a request to time out behind them.
 ENV_GATEWAY = "GPUPOOL_CONFORMANCE_GATEWAY"
 ENV_WORKERS = "GPUPOOL_CONFORMANCE_WORKERS"

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from gpupool.workers.probe import FILTERED_METRICS, parse_load
-from tests.procs import Proc
+from tests.support.procs import Proc
 from tests.vllm.conftest import BIG_WINDOW, MODEL
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]

@@ -23,8 +23,8 @@ import httpx
 import openai
 import pytest
 
-from tests.fault_tools import report
-from tests.procs import gateway, running
+from tests.support.fault_tools import report
+from tests.support.procs import gateway, running
 from tests.vllm.conftest import _paths
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]

@@ -38,7 +38,7 @@ from gpupool.gateway.services import Services, build_services
 from gpupool.workers.registry import WorkerState
 from tests.conftest import RedisServer
 from tests.gateway.tenancy.fake_worker import FakeWorker
-from tests.procs import free_port
+from tests.support.procs import free_port
 
 MODEL = "m"
 KEY, ADMIN = "sk-a-refusals", "sk-admin-refusals"

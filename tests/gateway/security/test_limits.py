@@ -30,8 +30,8 @@ from gpupool.gateway.security.limits import KeyLimits
 from gpupool.gateway.security.limits.base import Limit, Policy
 from gpupool.gateway.security.limits.memory import MemoryLimits
 from tests.conftest import RedisServer
-from tests.procs import gateway, running, sim
-from tests.procs import redis_server as redis_proc
+from tests.support.procs import gateway, running, sim
+from tests.support.procs import redis_server as redis_proc
 
 ROOT = Path(__file__).resolve().parents[3]
 

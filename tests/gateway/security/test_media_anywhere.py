@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.hostile_tools import Recorder, assert_nothing_held
-from tests.procs import gateway, running
+from tests.support.hostile_tools import Recorder, assert_nothing_held
+from tests.support.procs import gateway, running
 
 MODEL = "m"
 ADMIN = "sk-admin-media"

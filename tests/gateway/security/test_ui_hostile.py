@@ -18,7 +18,7 @@ import pytest
 
 from gpupool.gateway.api.ui_routes import MAX_STREAMS
 from tests.gateway.ui.pool import ADMIN, ADMIN_H, CLIENT, Pool, pool
-from tests.hostile_tools import assert_nothing_held
+from tests.support.hostile_tools import assert_nothing_held
 
 PAGE = ["/ui", "/ui/app.js", "/ui/app.css"]
 UI = Path(__file__).resolve().parents[3] / "gpupool" / "gateway" / "ui"

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.gateway.swap.tools import ledger_of, serving, two_model_config, wait_states, workers
-from tests.procs import Proc
+from tests.support.procs import Proc
 
 DEV = ["sleep", "wake_up", "is_sleeping", "collective_rpc", "reset_prefix_cache",
        "release_kv_cache_memory", "reset_mm_cache", "reset_encoder_cache", "server_info",

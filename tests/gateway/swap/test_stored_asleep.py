@@ -25,7 +25,7 @@ from tests.gateway.swap.tools import (
     wait_states,
     workers,
 )
-from tests.procs import Proc
+from tests.support.procs import Proc
 
 
 def _held_nothing(gw: Proc) -> None:

@@ -34,7 +34,7 @@ from tests.gateway.swap.tools import (
     wait_states,
     workers,
 )
-from tests.procs import Proc, running, sim
+from tests.support.procs import Proc, running, sim
 
 
 def _clean(tmp: Path) -> None:

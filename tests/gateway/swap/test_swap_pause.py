@@ -31,8 +31,8 @@ from tests.gateway.swap.tools import (
     wait_states,
     workers,
 )
-from tests.hostile_tools import assert_nothing_held
-from tests.procs import Proc
+from tests.support.hostile_tools import assert_nothing_held
+from tests.support.procs import Proc
 
 DEADLINE_S = 120.0
 TOKENS = 200

@@ -24,8 +24,8 @@ from tests.gateway.swap.tools import (
     two_model_config,
     workers,
 )
-from tests.hostile_tools import assert_nothing_held
-from tests.procs import Proc
+from tests.support.hostile_tools import assert_nothing_held
+from tests.support.procs import Proc
 
 DEADLINE_S = 60.0
 

@@ -30,8 +30,8 @@ from tests.gateway.swap.tools import (
     wait_states,
     workers,
 )
-from tests.hostile_tools import assert_nothing_held
-from tests.procs import Proc, running, sim
+from tests.support.hostile_tools import assert_nothing_held
+from tests.support.procs import Proc, running, sim
 
 WAITS = "waits for it"  # the holder's last_error while its group waits for it
 

@@ -20,7 +20,7 @@ import httpx
 
 from tests.gateway.swap.test_url_holder_faults import ask, clean, queued, sleeping, until
 from tests.gateway.swap.tools import wait_states, workers
-from tests.procs import Proc, gateway, running, sim
+from tests.support.procs import Proc, gateway, running, sim
 
 
 @contextmanager

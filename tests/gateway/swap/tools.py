@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import openai
 
-from tests.procs import Proc, gateway, running
+from tests.support.procs import Proc, gateway, running
 
 AWAKE = ("ready", "waking", "falling_asleep")
 

@@ -11,8 +11,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from tests.hostile_tools import serve_in_thread
-from tests.procs import free_port
+from tests.support.hostile_tools import serve_in_thread
+from tests.support.procs import free_port
 
 
 @dataclass

@@ -16,7 +16,7 @@ from gpupool.config.models import QueueConfig, TenancyConfig
 from gpupool.gateway.admission.connection import StoreUnavailable
 from gpupool.gateway.tenancy.owners import MemoryOwners, Owner, RedisOwners, build_owners
 from tests.conftest import RedisServer
-from tests.procs import free_port
+from tests.support.procs import free_port
 
 A = Owner("w1", "team-a")
 

@@ -19,7 +19,7 @@ import yaml
 from gpupool.gateway.tenancy.secret import FILE
 from tests.conftest import RedisServer
 from tests.gateway.tenancy.fake_worker import FakeWorker
-from tests.procs import Proc, gateway, running
+from tests.support.procs import Proc, gateway, running
 
 MODEL = "m"
 A1, A2, B, C = "sk-a1-salt", "sk-a2-salt", "sk-b-salt", "sk-c-salt"

@@ -14,7 +14,7 @@ import pytest
 from gpupool.config.models import ApiKey, AuthConfig, QueueConfig, TenancyConfig
 from gpupool.gateway.tenancy.secret import FILE, GeneratedSecret, build_scope
 from tests.conftest import RedisServer
-from tests.procs import free_port
+from tests.support.procs import free_port
 
 MEMORY = QueueConfig()
 

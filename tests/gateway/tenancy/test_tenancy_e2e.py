@@ -22,8 +22,8 @@ import yaml
 
 from tests.conftest import RedisServer
 from tests.gateway.tenancy.fake_worker import FakeWorker
-from tests.hostile_tools import assert_nothing_held
-from tests.procs import gateway, running
+from tests.support.hostile_tools import assert_nothing_held
+from tests.support.procs import gateway, running
 
 MODEL = "m"
 A1, A2, B, ADMIN = "sk-a1-e2e", "sk-a2-e2e", "sk-b-e2e", "sk-admin-e2e"

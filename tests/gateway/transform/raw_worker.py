@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from tests.hostile_tools import serve_in_thread
-from tests.procs import free_port
+from tests.support.hostile_tools import serve_in_thread
+from tests.support.procs import free_port
 
 SCRIPT = "<think>Let me see: 2 plus 2.</think>It is 4."
 THOUGHT, ANSWER = "Let me see: 2 plus 2.", "It is 4."

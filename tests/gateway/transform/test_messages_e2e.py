@@ -14,8 +14,8 @@ import openai
 import pytest
 
 from tests.gateway.transform.raw_worker import ANSWER, THOUGHT, RawWorker
-from tests.hostile_tools import assert_nothing_held
-from tests.procs import gateway, running
+from tests.support.hostile_tools import assert_nothing_held
+from tests.support.procs import gateway, running
 
 MODEL = "m"
 ASK: Any = [{"role": "user", "content": "2+2?"}]

@@ -19,8 +19,8 @@ import openai
 import pytest
 
 from tests.gateway.transform.raw_worker import ANSWER, RawWorker
-from tests.hostile_tools import assert_nothing_held
-from tests.procs import Proc, gateway, running
+from tests.support.hostile_tools import assert_nothing_held
+from tests.support.procs import Proc, gateway, running
 
 MODEL = "m"
 BROKEN: list[Any] = [None, "completed", ["x"]]  # what the final event's `response` is

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from tests.procs import Proc, gateway, running, sim
+from tests.support.procs import Proc, gateway, running, sim
 
 ADMIN, CLIENT = "sk-admin-ui", "sk-client-ui"
 ADMIN_H = {"authorization": f"Bearer {ADMIN}"}

@@ -18,7 +18,7 @@ import httpx
 
 from tests.gateway.ui.browser import chromium, screenshot, wait
 from tests.gateway.ui.pool import ADMIN, ADMIN_H, CLIENT, MODEL, OTHER, _h
-from tests.procs import gateway, running, sim
+from tests.support.procs import gateway, running, sim
 
 
 def _traffic(url: str, model: str, stop: threading.Event) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from tests.gateway.ui.browser import chromium, console_errors, need_chromium, screenshot, wait
 from tests.gateway.ui.pool import ADMIN, ADMIN_H, CLIENT, OTHER, Pool, pool
-from tests.hostile_tools import assert_nothing_held
+from tests.support.hostile_tools import assert_nothing_held
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -14,8 +14,8 @@ import pytest
 from tests.gateway.swap.tools import serving, two_model_config, wait_states
 from tests.gateway.ui.browser import chromium, console_errors, need_chromium, wait
 from tests.gateway.ui.test_pool_page import _changes, _press, _state, _text
-from tests.hostile_tools import assert_nothing_held
-from tests.procs import Proc
+from tests.support.hostile_tools import assert_nothing_held
+from tests.support.procs import Proc
 
 pytestmark = pytest.mark.timeout(180)
 

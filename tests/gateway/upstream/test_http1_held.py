@@ -12,7 +12,7 @@ import pytest
 from gpupool.gateway.upstream.http1 import Http1Pool, origin_of
 from gpupool.gateway.upstream.limits import WorkerLimits
 from tests.gateway.upstream.test_http1_limits import failure
-from tests.test_upstream_http1 import SSE_HEAD, Reader, Worker, Writer, chunk, ok
+from tests.gateway.upstream.test_upstream_http1 import SSE_HEAD, Reader, Worker, Writer, chunk, ok
 
 LIMITS = WorkerLimits(total_s=0.6, idle_s=0.3)
 INF = float("inf")

@@ -20,7 +20,7 @@ from gpupool.workers.gpus import GpuInfo
 from gpupool.workers.planner import PlanArgs, plan_args_from_launch, plan_from_args
 from gpupool.workers.planner.cli import PlannerDeps
 from gpupool.workers.planner.resolve import resolve_model
-from tests.procs import ROOT
+from tests.support.procs import ROOT
 from tests.workers.planner.conftest import H200, RTX_5090, RTX_PRO_6000, gpu
 
 SEED000 = ROOT / "config" / "examples" / "seed000-pro6000-5090.yaml"

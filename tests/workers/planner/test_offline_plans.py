@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from gpupool.workers.gpus import discover_gpus
 from gpupool.workers.planner.cli import PlannerDeps, plan
-from tests.procs import ROOT
+from tests.support.procs import ROOT
 from tests.workers.planner.conftest import H100, H200, RTX_5090, RTX_PRO_6000
 
 EXAMPLES = sorted((ROOT / "config" / "examples").glob("*.yaml"))

@@ -17,7 +17,7 @@ from gpupool.workers.planner.gpu_catalog import gpus_from_cards
 from gpupool.workers.planner.params import total_params
 from gpupool.workers.planner.resolve import resolve_model
 from gpupool.workers.planner.shapes import builtin_shape
-from tests.procs import ROOT
+from tests.support.procs import ROOT
 from tests.workers.planner.conftest import (
     MODEL_CONFIGS,
     RTX_PRO_6000,

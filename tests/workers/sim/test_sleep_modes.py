@@ -25,7 +25,7 @@ import pytest
 from gpupool.workers.sim.app import SimApp, create_sim_app
 from gpupool.workers.sim.config import GpuShape, SimConfig
 from gpupool.workers.sim.sleep import SleepSettings
-from tests.procs import running, sim
+from tests.support.procs import running, sim
 
 DEADLINE_S = 30.0
 ENGINES = {"classic": None, "gpu": GpuShape(step_ms=20.0)}

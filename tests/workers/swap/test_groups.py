@@ -14,7 +14,7 @@ from gpupool.workers.planner import ModelSpec, load_model_spec
 from gpupool.workers.planner.memory import GiB
 from gpupool.workers.planner.swap_checks import HostRam, check_swap, swap_notes
 from gpupool.workers.supervisor.command import build_command, build_env
-from tests.procs import ROOT
+from tests.support.procs import ROOT
 
 MODEL_CONFIGS = ROOT / "tests" / "data" / "model_configs"
 

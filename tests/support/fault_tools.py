@@ -1,4 +1,4 @@
-"""What fault tests need around `tests/procs.py`: clients that say exactly what they saw, and the
+"""What fault tests need around `procs.py`: clients that say exactly what they saw, and the
 checks every fault scenario ends with (nothing executed twice, nothing lost, capacity back).
 
 A client's view of one request is an :class:`Outcome` with a short ``label``:
@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from tests.procs import Proc
+from tests.support.procs import Proc
 
 MODEL = "m"
 DONE = b"data: [DONE]"

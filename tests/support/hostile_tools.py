@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import uvicorn
 
-from tests.procs import free_port
+from tests.support.procs import free_port
 
 
 def held(gw: str, headers: dict[str, str] | None = None) -> dict[str, Any]:

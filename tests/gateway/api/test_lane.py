@@ -21,8 +21,8 @@ import httpx
 import openai
 import pytest
 
-from tests.hostile_tools import assert_nothing_held
-from tests.procs import gateway, running, sim
+from tests.support.hostile_tools import assert_nothing_held
+from tests.support.procs import gateway, running, sim
 
 MODEL, SLOW = "m", "slow"
 ADMIN, KEY = "sk-admin-lane", "sk-lane-1"

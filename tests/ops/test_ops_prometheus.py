@@ -29,7 +29,7 @@ import yaml
 
 from gpupool.ops import sd_file_path, sd_targets, write_sd_file
 from gpupool.workers.registry import Worker, WorkerState
-from tests.procs import ROOT, Proc, free_port, gateway, running
+from tests.support.procs import ROOT, Proc, free_port, gateway, running
 
 MODEL = "qwen3.5-35b-a3b"
 DOCKER = ROOT / "docker"

@@ -17,7 +17,7 @@ import uvloop
 
 from gpupool.gateway.upstream.client import UpstreamFailure
 from gpupool.gateway.upstream.http1 import Http1Pool, Http1Response
-from tests.procs import free_port
+from tests.support.procs import free_port
 
 Reader = asyncio.StreamReader
 Writer = asyncio.StreamWriter

@@ -22,8 +22,8 @@ from schemathesis.core import NOT_SET
 
 from gpupool.gateway.errors import GatewayError
 from gpupool.gateway.parse import load_json, parse_generate
-from tests.fault_tools import MODEL, fresh_request, gateway_config, settled
-from tests.procs import Proc, gateway, running, sim
+from tests.support.fault_tools import MODEL, fresh_request, gateway_config, settled
+from tests.support.procs import Proc, gateway, running, sim
 
 REQUEST_TIMEOUT_S = 10.0  # a generated request answered later than this is a hang
 MAX_EXAMPLES = 50  # per operation and generation mode (eight runs)

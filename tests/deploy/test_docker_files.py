@@ -28,7 +28,7 @@ from jsonschema import Draft202012Validator
 from gpupool.config import load_config
 from gpupool.ops import sd_file_path
 from gpupool.workers.supervisor.command import flag_key
-from tests.procs import ROOT, Proc, free_port, gateway, redis_server, running
+from tests.support.procs import ROOT, Proc, free_port, gateway, redis_server, running
 
 DOCKER = ROOT / "docker"
 COMPOSE = DOCKER / "compose.yaml"

@@ -15,7 +15,7 @@ from gpupool.workers.planner import load_model_spec
 from gpupool.workers.planner.checks import check_launch_config
 from gpupool.workers.planner.memory import GiB
 from gpupool.workers.supervisor.command import build_command, build_env
-from tests.procs import ROOT
+from tests.support.procs import ROOT
 
 EXAMPLES = ROOT / "config" / "examples"
 FILES = sorted(EXAMPLES.glob("*.yaml"))

@@ -16,7 +16,7 @@ import pytest
 import uvicorn
 
 from gpupool.gateway.api.protocol import guarded_protocol
-from tests.procs import free_port
+from tests.support.procs import free_port
 
 KEEP_ALIVE_S = 1.0
 

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.procs import gateway, running, sim
+from tests.support.procs import gateway, running, sim
 
 MODEL = "m"
 

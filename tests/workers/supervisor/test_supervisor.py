@@ -1,6 +1,6 @@
 """The supervisor: exact vLLM commands, environments, and real process lifecycles.
 
-Lifecycle tests launch ``tests/fake_vllm.py`` (a stdlib HTTP server that, like vLLM, forks an
+Lifecycle tests launch ``support/fake_vllm.py`` (a stdlib HTTP server that, like vLLM, forks an
 "EngineCore" child which outlives its parent) through the real launcher, so process groups,
 the guard's parent-death signal, pid files and logs are the real ones.
 """
@@ -48,8 +48,8 @@ from gpupool.workers.supervisor.policy import CrashWindow, backoff_delay
 from gpupool.workers.supervisor.procfs import TOKEN_ENV, is_alive
 from gpupool.workers.supervisor.warmup import warmup_body
 
-FAKE = Path(__file__).with_name("fake_vllm.py")
-ROOT = FAKE.parent.parent
+ROOT = Path(__file__).resolve().parents[3]
+FAKE = ROOT / "tests" / "support" / "fake_vllm.py"
 
 SEED_000 = """
 workers:

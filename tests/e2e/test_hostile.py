@@ -25,9 +25,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.fault_tools import report
-from tests.hostile_tools import Recorder, assert_nothing_held, held
-from tests.procs import gateway, running, sim
+from tests.support.fault_tools import report
+from tests.support.hostile_tools import Recorder, assert_nothing_held, held
+from tests.support.procs import gateway, running, sim
 
 MODEL, OTHER = "m", "other"
 ADMIN, PAIR, ONLY, TPM = "sk-admin-h", "sk-pair-h", "sk-only-h", "sk-tpm-h"

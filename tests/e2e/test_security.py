@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from tests.procs import gateway, redis_server, running, sim
+from tests.support.procs import gateway, redis_server, running, sim
 
 MODEL = "m"
 ADMIN, ALICE, BOB, LIMITED, SLOW = "sk-admin-1", "sk-alice-1", "sk-bob-1", "sk-lim-1", "sk-slow-1"

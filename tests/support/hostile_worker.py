@@ -6,7 +6,7 @@ way its *mode* says: the completion's ``prompt``, or the chat's last message. Ev
 bytes by hand (asyncio streams, no HTTP library), so it can break HTTP in ways no server
 framework would. Run it as a process::
 
-    python -m tests.hostile_worker --port 8123 --model m --window 4096
+    python -m tests.support.hostile_worker --port 8123 --model m --window 4096
 
 Connections are kept alive like uvicorn's; ``GET /stats`` tells how many generation requests
 arrived per mode and how many connections the gateway opened.

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from tests.procs import gateway, running, sim
+from tests.support.procs import gateway, running, sim
 
 SCRIPT = "<think>Let me see: 2+2.\n</think>\n\nIt is 4."
 

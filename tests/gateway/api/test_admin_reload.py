@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import yaml
 
-from tests.procs import gateway, running, sim
+from tests.support.procs import gateway, running, sim
 
 MODEL = "m"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.procs import gateway, running, sim
+from tests.support.procs import gateway, running, sim
 
 
 def test_json_logs_with_request_id(tmp_path: Path) -> None:

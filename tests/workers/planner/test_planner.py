@@ -38,7 +38,7 @@ from gpupool.workers.planner.memory import CUDA_RESERVED_BYTES, weight_bytes
 from gpupool.workers.planner.params import Component, count_params, total_params
 from gpupool.workers.planner.quant import resolve_scheme
 
-CONFIGS = Path(__file__).parent / "data" / "model_configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "data" / "model_configs"
 MiB = 1 << 20
 GiB = 1 << 30
 GB = 10**9

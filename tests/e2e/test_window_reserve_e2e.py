@@ -20,7 +20,7 @@ import httpx
 import openai
 import pytest
 
-from tests.procs import gateway, running, sim
+from tests.support.procs import gateway, running, sim
 
 MODEL = "m"
 

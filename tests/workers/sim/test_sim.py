@@ -31,7 +31,7 @@ from gpupool.workers.sim.config import SimConfig
 from gpupool.workers.sim.reasoning import Qwen3Splitter, split_all
 from gpupool.workers.sim.text import chunk_chars
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 FINGERPRINT = re.compile(r"vllm-0\.32\.0-[0-9a-f]{8}")
 SCRIPT = "<think>Let me think.\nStep two.</think>\n\nThe answer is 42."
 KNOB_DEFAULTS = {

@@ -2,7 +2,7 @@
 `redis-server` processes that the tests kill, freeze, slow down and overload.
 
 Every scenario checks the same four things and prints one ``FAULT-RESULT`` line (``pytest -s``):
-what the clients saw (labels from ``tests/fault_tools.py``), that no request was executed twice
+what the clients saw (labels from ``support/fault_tools.py``), that no request was executed twice
 (``request_ids`` over all workers), that none was lost without an error, and that capacity came
 back (a new request succeeds; no in-flight count or held slot remains), with how long that took.
 ``docs/reliability.md`` holds the numbers of one run.
@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.fault_tools import (
+from tests.support.fault_tools import (
     MODEL,
     Outcome,
     async_client,
@@ -43,7 +43,7 @@ from tests.fault_tools import (
     wait_until,
     workers,
 )
-from tests.procs import Proc, gateway, redis_server, running, sim
+from tests.support.procs import Proc, gateway, redis_server, running, sim
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

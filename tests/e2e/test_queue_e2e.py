@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from tests.procs import Proc, gateway, redis_server, running, sim
+from tests.support.procs import Proc, gateway, redis_server, running, sim
 
 MODEL = "m"
 HOLD_MS = 150

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from tests.procs import Proc, gateway, running, sim, wait_http
+from tests.support.procs import Proc, gateway, running, sim, wait_http
 
 MODEL = "qwen3.5-35b-a3b"
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import yaml
 
-from tests.hostile_tools import assert_nothing_held, held
-from tests.procs import gateway, running, sim
+from tests.support.hostile_tools import assert_nothing_held, held
+from tests.support.procs import gateway, running, sim
 
 ADMIN, INLINE, FILED = "sk-admin-held", "sk-inline-1", "sk-filed-1"
 ADMIN_HEADERS = {"authorization": f"Bearer {ADMIN}"}
