@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import sys
 
@@ -10,7 +9,7 @@ import uvicorn
 
 from gpupool.cli.logs import setup_logging
 from gpupool.cli.progress import StartupProgress
-from gpupool.config.models import GpupoolConfig
+from gpupool.config.models import GpupoolConfig, unauthenticated_exposure
 from gpupool.gateway.api.app import create_app
 from gpupool.gateway.api.protocol import guarded_protocol
 from gpupool.gateway.services import Services
@@ -18,22 +17,12 @@ from gpupool.gateway.services import Services
 log = logging.getLogger("gpupool")
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def run_server(cfg: GpupoolConfig, config_path: str) -> None:
     setup_logging(cfg.server.log_format.value)
-    if not cfg.auth.enabled and not _is_loopback(cfg.server.host):
-        log.warning(
-            "serving on %s without API keys: anyone who can reach it can use it "
-            "(set auth.enabled: true and add keys)", cfg.server.host,
-        )  # fmt: skip
+    problem = unauthenticated_exposure(cfg)  # again: `--host` may have changed the address
+    if problem is not None:
+        log.error("refusing to start: %s", problem)
+        sys.exit(2)
 
     def show_progress(svc: Services) -> None:
         progress = StartupProgress(cfg, svc.registry)

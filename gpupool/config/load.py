@@ -81,12 +81,44 @@ def load_config(path: str | Path) -> GpupoolConfig:
     except OSError as e:
         raise ConfigError([f"{path}: cannot read: {e.strerror}"]) from None
     try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError([f"{path}: not valid YAML: {e}"]) from None
+    twice = duplicate_keys(root)
+    if twice:
+        raise ConfigError([f"{path}:{line}: {problem}" for line, problem in twice])
     if not isinstance(data, dict):
         raise ConfigError([f"{path}: the configuration must be a mapping"])
     try:
         return GpupoolConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_problems(e, path, yaml.compose(text, Loader=yaml.SafeLoader))) from None
+        raise ConfigError(_problems(e, path, root)) from None
+
+
+def duplicate_keys(root: yaml.Node | None) -> list[tuple[int, str]]:
+    """Every key given twice in one mapping, anywhere under ``root``: (the later line, the
+    problem naming both lines). YAML loaders keep the last silently, so a second ``auth:``
+    section would quietly replace the first."""
+    found: list[tuple[int, str]] = []
+    todo: list[tuple[yaml.Node, str]] = [(root, "")] if root is not None else []
+    while todo:
+        node, where = todo.pop()
+        if isinstance(node, yaml.SequenceNode):
+            todo += [(child, f"{where}[{i}]") for i, child in enumerate(node.value)]
+        if not isinstance(node, yaml.MappingNode):
+            continue
+        first: dict[str, int] = {}
+        for key, value in node.value:
+            name = str(key.value)
+            at = f"{where}.{name}" if where else name
+            line = int(key.start_mark.line) + 1
+            if key.tag == "tag:yaml.org,2002:merge":
+                pass  # `<<: *base` merges; its keys are overridden on purpose
+            elif name in first:
+                found.append((line, f"{at}: given twice, on lines {first[name]} and {line} "
+                                    "(YAML would keep only the last); remove one"))  # fmt: skip
+            else:
+                first[name] = line
+            todo.append((value, at))
+    return sorted(found)

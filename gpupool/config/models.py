@@ -6,6 +6,7 @@ Every field has a default and a description; named choices are enums; unknown ke
 
 from __future__ import annotations
 
+import ipaddress
 from enum import IntEnum, StrEnum
 from typing import Any
 
@@ -531,6 +532,22 @@ class AuthConfig(_Strict):
         description="Completion tokens reserved against a key's `tpm` for a request without "
         "`max_tokens` (with it: `max_tokens`); settled to the real usage when the request ends.",
     )
+    allow_unauthenticated_network: bool = Field(
+        False,
+        description="Let the gateway start with `enabled: false` while `server.host` is not a "
+        "loopback address. Without keys, anyone who can reach the port can use every route, "
+        "the admin API included (drain, restart, reload): say so here only on a network where "
+        "every host is trusted (a container network published on 127.0.0.1, a private link). "
+        "Without it such a config is refused by `serve`, `check` and a reload.",
+    )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="While `enabled` is false, the admin API and the pool page answer only "
+        "requests whose `Host` is an IP address, `localhost` (or a `*.localhost` name) or one "
+        "of these names, so that a web page whose own name was re-pointed at this gateway (DNS "
+        "rebinding) cannot read or drive them. Add the names you open the page under "
+        "(`gpupool.lan`); the client API is not affected.",
+    )
     revoked_streams: RevokedStreams = Field(
         RevokedStreams.finish,
         description="What happens to the running streams of a key that a reload removes: "
@@ -657,6 +674,9 @@ class GpupoolConfig(_Strict):
                     f"workers[{i}].model: `{w.model}` is not in `models` "
                     f"(known: {', '.join(sorted(model_names))})"
                 )
+        problem = unauthenticated_exposure(self)
+        if problem is not None:
+            raise ValueError(problem)
         from gpupool.config.swap import check_reloadable, form_swap_groups
 
         form_swap_groups(self.workers)
@@ -668,3 +688,27 @@ class GpupoolConfig(_Strict):
             if m.name == name:
                 return m
         raise KeyError(name)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` serves this machine only (``localhost``, 127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def unauthenticated_exposure(cfg: GpupoolConfig) -> str | None:
+    """Why ``cfg`` must not be served (auth off on a non-loopback address without the explicit
+    ``auth.allow_unauthenticated_network``), or None."""
+    auth = cfg.auth
+    if auth.enabled or auth.allow_unauthenticated_network or is_loopback(cfg.server.host):
+        return None
+    return (
+        f"auth.enabled: false on `server.host: {cfg.server.host}` (not a loopback address) lets "
+        "anyone who can reach the port use every route, the admin API included; turn auth on "
+        "(`gpupool new-key`), bind 127.0.0.1, or set `auth.allow_unauthenticated_network: true` "
+        "if every host on that network is trusted"
+    )

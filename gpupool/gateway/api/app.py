@@ -106,5 +106,8 @@ def create_app(
         },
         lifespan=lifespan,
     )
+    # No redirect from `/path/` to `/path`: Starlette builds its target from the client's
+    # `Host`, which a client (or a DNS-rebinding page) chooses; `/ui/` has its own route.
+    app.router.redirect_slashes = False
     front = Front(app, cfg)
     return front

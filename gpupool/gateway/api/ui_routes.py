@@ -171,10 +171,20 @@ async def _until_disconnect(receive: Receive, gone: asyncio.Event) -> None:
             return
 
 
+async def slash(request: Request) -> ASGIApp:
+    """``/ui/`` → ``/ui``, by a relative ``Location`` (``../ui``): never a URL built from the
+    client's ``Host`` (a forged one would be echoed into the redirect), and right behind a
+    proxy that serves the gateway under a path prefix too."""
+    if request.query_params:
+        raise InvalidBody("The pool page takes no query parameters.")
+    return ReplyResponse(Reply(307, [("location", "../ui"), *HEADERS], b""))
+
+
 def routes() -> list[Route]:
     files = _files()
     return [
         Route("/ui", static("index.html", files["index.html"]), methods=["GET"]),
+        Route("/ui/", Endpoint(slash), methods=["GET"]),
         Route("/ui/app.js", static("app.js", files["app.js"]), methods=["GET"]),
         Route("/ui/app.css", static("app.css", files["app.css"]), methods=["GET"]),
         Route("/admin/events", Endpoint(events), methods=["GET"]),

@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
-from gpupool.config.load import line_of
+from gpupool.config.load import duplicate_keys, line_of
 from gpupool.config.models import ApiKey, AuthConfig
 
 
@@ -53,10 +53,14 @@ def load_keys_file(path: str) -> list[ApiKey]:
         raise KeysFileError(f"{path}: cannot read the keys file: {e.strerror}") from None
     try:
         data = yaml.load(text, Loader=_LOADER) or {}
+        twice = duplicate_keys(yaml.compose(text, Loader=_LOADER))  # a second `models:`...
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f":{mark.line + 1}" if mark is not None else ""
         raise KeysFileError(f"{path}{at}: not valid YAML: {e}") from None
+    if twice:
+        line, problem = twice[0]
+        raise KeysFileError(f"{path}:{line}: {problem} ({len(twice)} problem(s) in all)")
     items = data.get("keys", []) if isinstance(data, dict) else data
     try:
         return TypeAdapter(list[ApiKey]).validate_python(items)

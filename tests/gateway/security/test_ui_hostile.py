@@ -154,3 +154,13 @@ def test_page_asks_for_the_key_when_auth_is_on(gw: Pool) -> None:
     assert '<meta name="gpupool-admin" content="key">' in httpx.get(gw.url + "/ui").text
     r = httpx.get(gw.url + "/ui/", follow_redirects=True)  # a trailing slash finds it too
     assert r.status_code == 200 and r.url.path == "/ui"
+
+
+def test_ui_slash_redirects_relatively_whatever_host_is_sent(gw: Pool) -> None:
+    """Issue 35: the redirect named the client's `Host:`; a forged one was echoed back."""
+    r = httpx.get(gw.url + "/ui/", headers={"host": "evil.example"})
+    assert r.status_code == 307 and r.headers["location"] == "../ui"
+    assert "evil" not in r.text
+    # no other route redirects to a Host-built URL either
+    r = httpx.get(gw.url + "/admin/workers/", headers={**ADMIN_H, "host": "evil.example"})
+    assert r.status_code == 404 and "location" not in r.headers
