@@ -6,7 +6,7 @@ VLLM_VENV := .venv-vllm
 MODELS := .models
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck unit vllm-setup models ops-deps docker-deps docker-test bench-deps bench bench-routing bench-throughput gpu-bundle clean
+.PHONY: install run docs docs-build docs-ref test lint typecheck unit vllm-setup models ops-deps docker-deps docker-test bench-deps bench bench-routing bench-throughput gpu-bundle clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -19,6 +19,20 @@ run: install
 	$(BIN)/gpupool serve --config config/gpupool.yaml
 
 LINT_PATHS := gpupool tests bench scripts docker/grafana
+
+# The documentation site (mkdocs.yml): `make docs` serves it with live reload; `make docs-build`
+# writes site/, which opens offline. `make docs-ref` regenerates the reference pages from the code
+# (config fields, commands, metrics, endpoints); `make test` fails when they differ.
+DOCS_ADDR ?= 127.0.0.1:8001
+
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr $(DOCS_ADDR)
+
+docs-build: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-ref: install
+	$(BIN)/python scripts/gen_reference.py
 
 lint: install
 	$(BIN)/ruff check $(LINT_PATHS)
@@ -38,7 +52,7 @@ ops-deps:
 	bash scripts/install_ops_deps.sh
 
 # Debian's docker.io, docker-compose and debootstrap: tests/deploy/test_stack.py starts its own
-# dockerd (own socket and data root) and builds every image it runs (docs/deploy.md).
+# dockerd (own socket and data root) and builds every image it runs (docs/getting-started/compose.md).
 docker-deps:
 	bash scripts/install_ops_deps.sh docker
 

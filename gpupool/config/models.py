@@ -634,12 +634,20 @@ class GpuCard(_Strict):
 
 
 class GpupoolConfig(_Strict):
-    server: ServerConfig = Field(default_factory=ServerConfig)
+    server: ServerConfig = Field(
+        default_factory=ServerConfig, description="The listening socket, its bounds and logs."
+    )
     models: list[ModelConfig] = Field(..., min_length=1, description="Models served.")
     workers: list[WorkerConfig] = Field(..., min_length=1, description="Workers.")
-    queue: QueueConfig = Field(default_factory=QueueConfig)
-    routing: RoutingConfig = Field(default_factory=RoutingConfig)
-    auth: AuthConfig = Field(default_factory=AuthConfig)
+    queue: QueueConfig = Field(
+        default_factory=QueueConfig, description="Admission: the queue, its bounds and backend."
+    )
+    routing: RoutingConfig = Field(
+        default_factory=RoutingConfig, description="Worker choice, health checks and scrapes."
+    )
+    auth: AuthConfig = Field(
+        default_factory=AuthConfig, description="API keys, the admin key and per-key limits."
+    )
     swap: SwapConfig = Field(
         default_factory=SwapConfig, description="How the workers of a swap group take turns."
     )

@@ -195,8 +195,8 @@ def seen_stream(r: httpx.Response) -> list[Any]:
 
 def same_split(ours: Json, theirs: Json) -> None:
     """Equal, except that ``reasoning_tokens`` of a gateway split may differ by a token or two:
-    vLLM counts the reasoning parser's token ids, the gateway counts text (README, Differences
-    from vLLM)."""
+    vLLM counts the reasoning parser's token ids, the gateway counts text
+    (docs/reference/vllm-differences.md)."""
     (p1, c1, r1), (p2, c2, r2) = ours.pop("usage"), theirs.pop("usage")
     assert (p1, c1) == (p2, c2)
     assert r1 is not None and r2 is not None and abs(r1 - r2) <= 2

@@ -100,6 +100,8 @@ def _worker(request: Request) -> Worker:
 
 
 async def list_workers(request: Request) -> ASGIApp:
+    """Every worker: state, url, pid, GPUs, window, in-flight and capacity, restarts, last error
+    and log lines, vLLM's KV usage and waiting count."""
     _query(request, {})
     svc = services(request)
     data = [worker_status(w) for w in svc.registry]
@@ -107,11 +109,14 @@ async def list_workers(request: Request) -> ASGIApp:
 
 
 async def get_worker(request: Request) -> ASGIApp:
+    """One worker, as in the list."""
     _query(request, {})
     return ReplyResponse(Reply.json(200, worker_status(_worker(request))))
 
 
 async def drain(request: Request) -> ASGIApp:
+    """Stop sending the worker new requests; its running ones finish (``?timeout_s=``, 300 by
+    default)."""
     w, svc = _worker(request), services(request)
     timeout = _query(request, {"timeout_s": seconds(MAX_DRAIN_S)}).get("timeout_s", 300.0)
     await svc.drain(w, timeout)
@@ -119,6 +124,7 @@ async def drain(request: Request) -> ASGIApp:
 
 
 async def undrain(request: Request) -> ASGIApp:
+    """Take a drained worker back into service."""
     _query(request, {})
     w, svc = _worker(request), services(request)
     await svc.undrain(w)
@@ -126,6 +132,7 @@ async def undrain(request: Request) -> ASGIApp:
 
 
 async def restart(request: Request) -> ASGIApp:
+    """Restart a launched worker (drained first); 400 for a ``url:`` worker."""
     _query(request, {})
     w, svc = _worker(request), services(request)
     if not w.supervised:
@@ -180,6 +187,8 @@ async def reload(request: Request) -> ASGIApp:
 
 
 async def queue(request: Request) -> ASGIApp:
+    """Queue depth per model, the oldest wait, per-tenant counts and the slots each replica
+    holds."""
     _query(request, {})
     return ReplyResponse(Reply.json(200, await services(request).admission.snapshot()))
 

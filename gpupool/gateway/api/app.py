@@ -30,10 +30,13 @@ from gpupool.gateway.services import Services, build_services
 
 
 async def health(request: Request) -> ASGIApp:
+    """Process alive: 200 while the gateway runs (always open, no key)."""
     return ReplyResponse(Reply(200, [("content-type", "application/json")], b""))
 
 
 async def ready(request: Request) -> ASGIApp:
+    """200 once every model has a ready worker (or an asleep one woken on demand); else 503 and
+    the missing models."""
     svc = services(request)
     missing = [m.name for m in svc.cfg.models if not svc.registry.serving_of_model(m.name)]
     status = 503 if missing else 200
@@ -41,6 +44,7 @@ async def ready(request: Request) -> ASGIApp:
 
 
 async def metrics(request: Request) -> ASGIApp:
+    """The gateway's Prometheus metrics (docs: Reference, Metrics)."""
     svc = services(request)
     await svc.refresh_gauges()
     body = svc.metrics.exposition()
@@ -49,6 +53,7 @@ async def metrics(request: Request) -> ASGIApp:
 
 
 async def openapi(request: Request) -> ASGIApp:
+    """The gateway's OpenAPI document (the client routes)."""
     return ReplyResponse(Reply.json(200, openapi_schema()))
 
 

@@ -26,12 +26,14 @@ def _allowed(request: Request) -> frozenset[str] | None:
 
 
 async def list_models(request: Request) -> ASGIApp:
+    """The models ready workers serve (and asleep ones, woken on demand), with their aliases."""
     svc = services(request)
     cards = svc.catalog.cards(svc.registry, _allowed(request))
     return ReplyResponse(Reply.json(200, {"object": "list", "data": cards}))
 
 
 async def get_model(request: Request) -> ASGIApp:
+    """One model of the list, by name or alias; 404 in vLLM's shape when unknown."""
     svc = services(request)
     card = svc.catalog.card(request.path_params["model_id"], svc.registry, _allowed(request))
     return ReplyResponse(Reply.json(200, card))

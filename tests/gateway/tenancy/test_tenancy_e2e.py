@@ -193,7 +193,7 @@ def test_routes_without_a_cache_get_no_salt(pool: Pool) -> None:
 
 def test_v2_embed_is_sent_as_is_since_vllm_drops_a_salt_there(pool: Pool) -> None:
     """vLLM's Cohere request (`CohereEmbedRequest`) has no `cache_salt` and ignores unknown
-    fields: the gateway sets none there (README, Differences from vLLM)."""
+    fields: the gateway sets none there (docs/reference/vllm-differences.md)."""
     for key, extra in ((A1, {}), (B, {"cache_salt": "mine"})):
         r = _post(pool, "/v2/embed", key, {"model": MODEL, "texts": ["hi"], **extra})
         assert r.status_code == 200, r.text
