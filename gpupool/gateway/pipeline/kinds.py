@@ -90,7 +90,7 @@ KINDS: dict[str, Kind] = {
         Kind("/tokenize", parse_model_body),
         Kind("/detokenize", parse_model_body),
         # /v2/embed: vLLM's Cohere request (``CohereEmbedRequest``) has no ``cache_salt`` and
-        # drops unknown fields, so a salt would be ignored there (docs/reference/vllm-differences.md)
+        # drops unknown fields, so a salt would be ignored there (docs: Differences from vLLM)
         *(Kind(p, parse_model_body, salted=p != "/v2/embed") for p in _POOLING),
     )
 }
