@@ -3,6 +3,7 @@ driven by the official `openai` client and raw HTTP where the client would hide 
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -276,3 +277,53 @@ def _wait_state(gw: Proc, name: str, state: str, timeout: float = 10) -> None:
             return
         time.sleep(0.1)
     raise AssertionError(f"{name} never became {state}: {w}")
+
+
+CONTINUOUS = {"continuous_usage_stats": True}
+
+
+def _normalized(raw: bytes) -> bytes:
+    """A stream without what names the request (its id, its time)."""
+    raw = re.sub(rb'"id":"[^"]*"', b'"id":""', raw)
+    return re.sub(rb'"created":\d+', b'"created":0', raw)
+
+
+def _stream(url: str, path: str, body: dict[str, Any]) -> bytes:
+    with httpx.stream("POST", url + path, json=body, timeout=30) as r:
+        assert r.status_code == 200, r.read()
+        return b"".join(r.iter_raw())
+
+
+def _tokens_total(url: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("gpupool_tokens_total{")
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "count my tokens"}]}),
+        ("/v1/completions", {"prompt": "count my tokens", "n": 2}),
+        (  # vLLM gives continuous usage only with include_usage: none here
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x y"}], "stream_options": CONTINUOUS},
+        ),
+    ],
+)
+def test_a_stream_without_include_usage_is_counted_and_shown_as_vllm_sends_it(
+    stack: dict[str, Any], path: str, body: dict[str, Any]
+) -> None:
+    """Every stream's tokens reach gpupool_tokens_total; the client that did not ask for usage
+    gets the bytes the worker sends without it (fingerprint on the finishing chunks)."""
+    gw = stack["gw"].url
+    body = {"model": MODEL, "max_tokens": 6, "stream": True, **body}
+    before = _tokens_total(gw)
+    through = _stream(gw, path, body)
+    assert _tokens_total(gw) > before
+    direct = _stream(stack["small"].url, path, body)
+    assert b'"usage"' not in direct and b'"system_fingerprint"' in direct
+    assert _normalized(through) == _normalized(direct)

@@ -165,9 +165,9 @@ class Pipeline:
         self, kind: Kind, req: Parsed, model: ModelConfig, route: RouteRequest, ctx: Context,
         incoming: Incoming,
     ) -> Plan:  # fmt: skip
-        strip_usage = (
-            req.stream and kind.usage_option and not req.usage_asked and _has_tpm(incoming)
-        )
+        # every stream asks for its usage, so every token is counted; the client sees it only
+        # if it asked (``transform/usage.py``)
+        strip_usage = req.stream and kind.usage_option and not req.usage_asked
         body = self._rewrite(kind, req, model, ctx, strip_usage)
         decision = self.candidates.decide(route, model.name)
         names = [w.name for w in decision.candidates]
@@ -212,8 +212,9 @@ class Pipeline:
 
         The model alias becomes the model's name; assistant history in `reasoning_content`
         is renamed; a body `priority` outside the key's range is clamped; Anthropic's
-        `thinking` sets the chat template's switch (``transform/messages.py``); a stream whose
-        tokens the key's budget must count asks the worker for its usage chunk. What the
+        `thinking` sets the chat template's switch (``transform/messages.py``); a stream that
+        did not ask for its usage chunk asks for it now (its tokens are counted; the relay
+        takes it out again), without continuous usage, which vLLM gives only with it. What the
         tenant sets (``_tenant_fields``) is spliced into the bytes when nothing else changes.
         """
         fields = self._tenant_fields(kind, req, ctx)
@@ -231,8 +232,9 @@ class Pipeline:
             changed = thinking_switch(body, model.reasoning.value) or changed
         if usage:
             opts = body.get("stream_options")
-            body["stream_options"] = {**(opts if isinstance(opts, dict) else {}),
-                                      "include_usage": True}  # fmt: skip
+            opts = {k: v for k, v in (opts if isinstance(opts, dict) else {}).items()
+                    if k != "continuous_usage_stats"}  # fmt: skip
+            body["stream_options"] = {**opts, "include_usage": True}
             changed = True
         if fields and (changed or any(k in body for k in fields)):
             body.update(fields)
@@ -376,8 +378,3 @@ def _still_wanted(lease: Lease, incoming: Incoming) -> None:
     close (under load, the closes of clients that left together are read one by one)."""
     if lease.queued_s and incoming.left():
         raise ClientGone("The client closed the connection while its request waited.")
-
-
-def _has_tpm(incoming: Incoming) -> bool:
-    key = incoming.principal.key if incoming.principal is not None else None
-    return key is not None and key.tpm is not None

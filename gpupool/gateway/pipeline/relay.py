@@ -48,7 +48,8 @@ from gpupool.gateway.transform.responses import (
     transform_responses_body,
 )
 from gpupool.gateway.transform.responses import reasoning_texts as responses_reasoning
-from gpupool.gateway.transform.sse import EventBuffer, frame
+from gpupool.gateway.transform.sse import EventBuffer
+from gpupool.gateway.transform.usage import UsageStrip, plain
 from gpupool.gateway.upstream.client import DataPath, Response, UpstreamFailure
 from gpupool.gateway.upstream.limits import WorkerLimits, over
 from gpupool.workers.registry import Registry
@@ -251,6 +252,7 @@ class Relay:
             return
         reshape = plan.transform is not None or plan.strip_usage
         transformer = ChatStreamTransformer(plan.transform) if plan.transform else None
+        strip = UsageStrip(self.max_event_bytes) if plan.strip_usage else None
         buf = EventBuffer()
         line = bytearray()  # the unended line, for its usage
         last, tail = 0.0, b""
@@ -266,10 +268,12 @@ class Relay:
                 last = now
                 self._stream_usage(ex, line, chunk)
                 if reshape:
-                    chunk = await self._reframe(ex, transformer, buf, chunk)
+                    chunk = await self._reframe(ex, transformer, strip, buf, chunk)
                 tail = (tail + chunk)[-16:]
                 if chunk:
                     yield chunk
+            if strip is not None and (held := strip.end()):
+                yield held  # the stream ended without its usage chunk
             if tail.endswith(_DONE) or not plan.kind.usage_option:
                 ex.status = "200"  # only OpenAI's chunk streams end with [DONE]
             else:
@@ -278,36 +282,51 @@ class Relay:
         except UpstreamFailure as e:
             ex.status = "upstream_error"
             self._broke(ex, e)
-            yield stream_error(ex, failure_error(e, "mid-stream"))
+            held = strip.end() if strip is not None else b""
+            yield held + stream_error(ex, failure_error(e, "mid-stream"))
 
     async def _reframe(
-        self, ex: Exchange, t: ChatStreamTransformer | None, buf: EventBuffer, chunk: bytes
+        self,
+        ex: Exchange,
+        t: ChatStreamTransformer | None,
+        strip: UsageStrip | None,
+        buf: EventBuffer,
+        chunk: bytes,
     ) -> bytes:
-        """Re-frame the events of ``chunk`` (``buf`` holds a partial event between calls)."""
+        """Re-frame the events of ``chunk`` (``buf`` holds a partial event between calls);
+        ``strip`` takes out the usage chunk the client did not ask for. Without a transform
+        the worker's payloads pass as they came."""
         out = bytearray()
+        send = strip.event if strip is not None else plain
         for payload in buf.events(chunk):
-            if payload.startswith(b":"):
-                out += payload + b"\n\n"
-            elif payload == b"[DONE]":
-                if t is not None:
-                    out += b"".join(self._frame(ex, o) for o in t.finish())
-                out += _DONE
-            else:
-                try:
-                    obj = orjson.loads(payload)
-                except orjson.JSONDecodeError:
-                    out += b"data: " + payload + b"\n\n"
-                    continue
-                if not isinstance(obj, dict):
-                    continue
-                for o in t.feed(obj) if t is not None else (obj,):
-                    if t is not None and t.counts_later and "usage" in o and not o.get("choices"):
-                        texts = t.reasoning_texts()
-                        await self._add_reasoning_tokens(o, texts, ex, t.all_reasoning)
-                    out += self._frame(ex, o)
+            if payload == b"[DONE]" and t is not None:
+                out += b"".join(send(orjson.dumps(o)) for o in t.finish())
+            if t is None or payload.startswith(b":") or payload == b"[DONE]":
+                out += send(payload)
+                continue
+            for o in await self._transformed(ex, t, payload):
+                out += send(o)
         if len(buf) > self.max_event_bytes:
             raise self._over_event()
         return bytes(out)
+
+    async def _transformed(
+        self, ex: Exchange, t: ChatStreamTransformer, payload: bytes
+    ) -> list[bytes]:
+        """The payloads a chunk becomes through ``t``; one it cannot read passes as it came."""
+        try:
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return [payload]
+        if not isinstance(obj, dict):
+            return []
+        out = []
+        for o in t.feed(obj):
+            if t.counts_later and "usage" in o and not o.get("choices"):
+                texts = t.reasoning_texts()
+                await self._add_reasoning_tokens(o, texts, ex, t.all_reasoning)
+            out.append(orjson.dumps(o))
+        return out
 
     def _broke(self, ex: Exchange, e: UpstreamFailure) -> None:
         """After the head, only a crossed bound counts as the worker's failure: a client that
@@ -370,12 +389,6 @@ class Relay:
                 obj = {**obj, "response": await self._response_reasoning(ex, response, texts)}
             out += _event(event_type, obj)
         return bytes(out)
-
-    @staticmethod
-    def _frame(ex: Exchange, obj: dict[str, Any]) -> bytes:
-        if ex.plan.strip_usage and "usage" in obj and not obj.get("choices"):
-            return b""  # the usage chunk the gateway asked for; the client did not
-        return frame(obj)
 
     def _stream_usage(self, ex: Exchange, partial: bytearray, chunk: bytes) -> None:
         """Read the usage of every ``data:`` line that ends in ``chunk``. ``partial`` holds the
