@@ -19,6 +19,7 @@ SCRIPT = "<think>Let me see: 2+2.\n</think>\n\nIt is 4."
 def urls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     tmp = tmp_path_factory.mktemp("reasoning")
     raw = sim(model="raw", tmp=tmp, mode="script", script=SCRIPT, script_chunking="chars")
+    raw.env["VLLM_ENABLE_RESPONSES_API_STORE"] = "1"  # stored responses, as vLLM with it
     raw2 = sim(model="raw-both", tmp=tmp, mode="script", script=SCRIPT, script_chunking="chars")
     split = sim(model="split", tmp=tmp, mode="script", script=SCRIPT, reasoning_parser="qwen3")
     cfg = {
@@ -129,3 +130,25 @@ def test_reasoning_tokens_counted_when_gateway_splits(urls: dict[str, str], stre
     assert usage is not None and usage.completion_tokens_details is not None
     reasoning = usage.completion_tokens_details.reasoning_tokens
     assert reasoning is not None and 0 < reasoning < usage.completion_tokens
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+def test_a_stored_response_read_again_is_split_as_its_create_was(
+    urls: dict[str, str], thinking: bool
+) -> None:
+    """``GET /v1/responses/{id}`` of a model whose reasoning the gateway splits: the reasoning
+    item and ``reasoning_tokens`` the create gave, not the worker's raw ``<think>`` text."""
+    c = _client(urls)
+    extra = {"chat_template_kwargs": {"enable_thinking": thinking}}
+    made = c.responses.create(model="raw", input="2+2?", extra_body=extra)
+    got = c.responses.retrieve(made.id)
+    assert [o.type for o in got.output] == [o.type for o in made.output]
+    assert got.output_text == made.output_text
+    assert got.usage is not None and made.usage is not None
+    assert got.usage.output_tokens_details.reasoning_tokens == (
+        made.usage.output_tokens_details.reasoning_tokens
+    )
+    if thinking:
+        assert [o.type for o in got.output] == ["reasoning", "message"]
+        assert got.output_text.strip() == "It is 4."
+        assert got.usage.output_tokens_details.reasoning_tokens > 0

@@ -107,9 +107,10 @@ _stored = partial(Kind, read=_no_body, stored=True)
 STORED: dict[tuple[str, str], Kind] = {
     (k.method, k.path.removeprefix(_RESPONSE + "{id}")): k
     for k in (
-        _stored("/v1/responses/{id}", method="GET"),
+        # a response object comes back: split as its create was (``Shape.responses``)
+        _stored("/v1/responses/{id}", method="GET", shape=Shape.responses),
         _stored("/v1/responses/{id}", method="DELETE"),
-        _stored("/v1/responses/{id}/cancel", method="POST"),
+        _stored("/v1/responses/{id}/cancel", method="POST", shape=Shape.responses),
         _stored("/v1/responses/{id}/input_items", method="GET"),
     )
 }

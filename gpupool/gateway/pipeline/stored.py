@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, quote
 
+from gpupool.config.models import ModelConfig, ReasoningParser
 from gpupool.gateway.admission.base import Ticket
 from gpupool.gateway.admission.connection import StoreUnavailable
 from gpupool.gateway.errors import (
@@ -47,6 +48,7 @@ from gpupool.gateway.reply import Reply
 from gpupool.gateway.routing.policy import RouteRequest
 from gpupool.gateway.security.limits import NO_HOLD
 from gpupool.gateway.tenancy.owners import Owner, Owners
+from gpupool.gateway.transform.chat import TransformOptions
 from gpupool.workers.registry import SLEEP_STATES, WorkerState
 
 if TYPE_CHECKING:
@@ -107,9 +109,10 @@ class StoredResponses:
         if req.body.get("store", True) is not False:
             rid = response_id_for(plan.ctx.request_id)
             tenant = plan.ctx.tenant
+            thinking = plan.transform.enable_thinking if plan.transform is not None else True
 
             async def remember(worker: str) -> None:
-                await self.owners.remember(rid, Owner(worker, tenant))
+                await self.owners.remember(rid, Owner(worker, tenant, thinking))
 
             plan.answered = remember
 
@@ -182,7 +185,7 @@ class StoredResponses:
         ticket = Ticket(ctx.request_id, model.name, ctx.tenant, ctx.priority, [worker.name],
                         wait, stream)  # fmt: skip
         route = RouteRequest(model.name, 0, True)
-        plan = Plan(kind, model, route, b"", stream, ctx, ticket)
+        plan = Plan(kind, model, route, b"", stream, ctx, ticket, _split(kind, model, owner))
         plan.method = kind.method
         plan.target = path + ("?" + query.decode("latin-1") if query else "")
         plan.pinned = True
@@ -193,6 +196,16 @@ class StoredResponses:
 
             plan.answered = forget
         return plan
+
+
+def _split(kind: Kind, model: ModelConfig, owner: Owner) -> TransformOptions | None:
+    """How a response object read again is split: as its create was, when the gateway splits
+    the model's reasoning (the relay fits it to the worker: one with vLLM's parser is never
+    split again)."""
+    if kind.shape is not Shape.responses or model.reasoning is ReasoningParser.none:
+        return None
+    opts = TransformOptions.from_request(model, {}).with_thinking(owner.thinking)
+    return opts if opts.parser is not None else None
 
 
 def _flag(query: bytes, name: str) -> bool:

@@ -47,6 +47,9 @@ _FAILURES = (RedisError, OSError, TimeoutError)
 class Owner:
     worker: str
     tenant: str
+    # the create's answer began in reasoning (its ``enable_thinking``): how a ``GET`` of it is
+    # split again when the gateway splits the model's reasoning (``pipeline/stored.py``)
+    thinking: bool = True
 
 
 class Owners(Protocol):
@@ -99,8 +102,8 @@ class MemoryOwners:
 
 
 class RedisOwners:
-    """In Redis (``<prefix>:resp:<id>`` = ``worker NUL tenant``, with the TTL); each call within
-    ``timeout_s`` in all."""
+    """In Redis (``<prefix>:resp:<id>`` = ``worker NUL tenant NUL 1|0`` (``thinking``; a value
+    without it reads as 1), with the TTL); each call within ``timeout_s`` in all."""
 
     def __init__(
         self, redis: Redis, prefix: str, ttl_s: float, limit: int, timeout_s: float = 5.0
@@ -126,7 +129,7 @@ class RedisOwners:
 
     async def remember(self, response_id: str, owner: Owner) -> None:
         self.local.put(response_id, owner)
-        value = f"{owner.worker}\0{owner.tenant}"
+        value = f"{owner.worker}\0{owner.tenant}\0{int(owner.thinking)}"
         try:
             await self._call(self.redis.set(self._key(response_id), value, px=self.ttl_ms))
         except StoreUnavailable as e:
@@ -144,8 +147,9 @@ class RedisOwners:
             raise
         if not isinstance(value, str) or "\0" not in value:
             return None
-        worker, _, tenant = value.partition("\0")
-        return Owner(worker, tenant)
+        worker, _, rest = value.partition("\0")
+        tenant, _, thinking = rest.partition("\0")
+        return Owner(worker, tenant, thinking != "0")
 
     async def forget(self, response_id: str) -> None:
         await self.local.forget(response_id)

@@ -107,6 +107,14 @@ class TransformOptions:
             return REASONING_KEYS
         return (self.field.value,)
 
+    def with_thinking(self, thinking: bool) -> TransformOptions:
+        """These options for an answer made with ``enable_thinking`` = ``thinking`` (a stored
+        response read again: its create's switch, ``pipeline/stored.py``)."""
+        start = thinking or (
+            self.parser is not None and not get_parser(self.parser).uses_enable_thinking
+        )
+        return dataclasses.replace(self, enable_thinking=thinking, start_in_reasoning=start)
+
     def for_worker(self, worker_parser: str | None) -> TransformOptions:
         """These options for a worker that runs ``worker_parser`` itself: never split again
         (renaming and ``include_reasoning`` still apply)."""
