@@ -277,6 +277,24 @@ class SwapConfig(_Strict):
         "(no stall at all) yet keeps one long generation from holding the other model's users "
         "for many minutes. None: never pause, wait for them however long they take.",
     )
+    sleep_residue_gib: float = Field(
+        3.0,
+        ge=0,
+        description="What a launched worker may still hold on its GPUs once asleep (its CUDA "
+        "context and CUDA-graph pool; vLLM's own sleep test allows 2 GiB for a 0.5B model). "
+        "After a `/sleep` its memory (NVML, per process) is read until it holds no more; one "
+        "that still holds more after `free_timeout_s` is restarted, never woken beside.",
+    )
+    free_timeout_s: float = Field(
+        10.0, gt=0, description="Longest wait after a `/sleep` for the memory to be seen freed."
+    )
+    canary: bool = Field(
+        True,
+        description="After a level-2 wake (weights reloaded from disk), ask one fixed greedy "
+        "prompt and compare with the answer recorded before its first level-2 sleep; another "
+        "answer restarts the worker (a `url:` one is put back to sleep) before it takes "
+        "requests.",
+    )
 
 
 class DiscoverRecord(StrEnum):

@@ -7,16 +7,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpupool.config.models import GpupoolConfig
+from gpupool.config.models import GpupoolConfig, WorkerConfig
 from gpupool.config.swap import sleeps
 from gpupool.gateway.metrics import Metrics
 from gpupool.gateway.pipeline.slots import Slots
 from gpupool.gateway.upstream.client import UpstreamClient
 from gpupool.gateway.upstream.http1 import origin_of
+from gpupool.workers.gpus import NvmlProcessMemory
 from gpupool.workers.registry import Registry
 from gpupool.workers.remote import RemotePoller
+from gpupool.workers.sim.memory import LedgerMemory
 from gpupool.workers.supervisor.supervisor import Supervisor
 from gpupool.workers.swap.controller import SwapController
+from gpupool.workers.swap.memory import GpuMemory
 
 
 class SwapMetrics:
@@ -50,12 +53,24 @@ def build_swap(
     swap = SwapController(
         registry, client.session, cfg.workers, cfg.swap, SwapMetrics(metrics), supervisor.restart,
         probe_timeout_s=cfg.routing.health_timeout_s, read_s=cfg.routing.health_interval_s,
+        memory=memory_of,
     )  # fmt: skip
     supervisor.use_launch_gates(swap.gate)
     poller.may_ready = swap.may_ready
     slots.demand = swap.demand
     client.hold_by(held_since(registry))
     return swap
+
+
+def memory_of(wc: WorkerConfig) -> GpuMemory | None:
+    """Where a launched worker's GPU memory is read: NVML, or, for a simulator with a sleep
+    ledger (``gpupool sim --sleep-ledger``), that ledger, the simulated GPU's NVML."""
+    if wc.launch is None:
+        return None
+    for key, value in wc.launch.args.items():
+        if key.lstrip("-").replace("_", "-") == "sleep-ledger":
+            return LedgerMemory(str(value))
+    return NvmlProcessMemory()
 
 
 def held_since(registry: Registry) -> Callable[[str], float]:

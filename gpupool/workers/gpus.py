@@ -11,7 +11,7 @@ these indices should set that variable too.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -48,6 +48,7 @@ class Nvml(Protocol):
     def nvmlDeviceGetMemoryInfo(self, handle: Any) -> MemoryInfo: ...
     def nvmlDeviceGetCudaComputeCapability(self, handle: Any) -> tuple[int, int]: ...
     def nvmlDeviceGetUUID(self, handle: Any) -> str | bytes: ...
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> Sequence[Any]: ...
 
 
 def load_nvml() -> Nvml | None:
@@ -148,3 +149,42 @@ def shared_cache_key(gpus: Sequence[GpuInfo]) -> str | None:
     (``a+b`` when architectures are mixed). None for no GPUs."""
     keys = sorted({cache_key(g) for g in gpus})
     return "+".join(keys) if keys else None
+
+
+class NvmlProcessMemory:
+    """GPU memory held by a set of processes, per NVML (``nvmlDeviceGetComputeRunningProcesses``
+    on each GPU named): the seam a swap group reads to see a sleeping worker's memory freed.
+
+    Blocking (NVML calls): run it with ``asyncio.to_thread``. None when NVML cannot say (no
+    library or driver, a GPU it cannot read). 0 when none of ``pids`` is among its processes:
+    freed, or invisible (inside a container without the host's pid namespace NVML reports host
+    pids, which match nothing here); the caller tells the two apart by what it read while the
+    worker was awake (0 then: it cannot see this worker)."""
+
+    def __init__(self, nvml: Nvml | None = None) -> None:
+        self._nvml = nvml
+
+    def held_bytes(self, pids: Collection[int], gpus: Sequence[int]) -> int | None:
+        lib = self._nvml if self._nvml is not None else load_nvml()
+        if lib is None or not gpus:
+            return None
+        try:
+            lib.nvmlInit()
+        except Exception:
+            return None
+        try:
+            return _held(lib, set(pids), gpus)
+        except Exception:  # NVMLError of any kind: unknown, never "freed"
+            return None
+        finally:
+            _shutdown(lib)
+
+
+def _held(lib: Nvml, pids: set[int], gpus: Sequence[int]) -> int:
+    total = 0
+    for index in gpus:
+        handle = lib.nvmlDeviceGetHandleByIndex(index)
+        for proc in lib.nvmlDeviceGetComputeRunningProcesses(handle):
+            if int(proc.pid) in pids:
+                total += int(proc.usedGpuMemory or 0)  # (None where the driver cannot say)
+    return total

@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from gpupool.workers.gpus import (
     GpuInfo,
+    NvmlProcessMemory,
     architecture,
     cache_key,
     discover_gpus,
@@ -33,6 +34,7 @@ class FakeDevice:
     cc: tuple[int, int]
     uuid: str | bytes
     broken: bool = False
+    processes: list[Any] = field(default_factory=list)  # (pid, usedGpuMemory) per process
 
 
 @dataclass
@@ -72,6 +74,17 @@ class FakeNvml:
     def nvmlDeviceGetUUID(self, handle: Any) -> str | bytes:
         uuid: str | bytes = handle.uuid
         return uuid
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
+        if handle.broken:
+            raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
+        return [FakeProcess(pid, used) for pid, used in handle.processes]
+
+
+@dataclass
+class FakeProcess:
+    pid: int
+    usedGpuMemory: int | None  # (NVML's field name)
 
 
 PRO_6000 = FakeDevice("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", 97887, (12, 0), "GPU-a")
@@ -183,3 +196,20 @@ def test_gpus_help_has_examples() -> None:
     result = CliRunner().invoke(gpus, ["--help"])
     assert "Examples:" in result.output
     assert "gpupool gpus --json" in result.output
+
+
+def test_process_memory_sums_a_workers_processes_on_its_gpus() -> None:
+    """What a swap group reads to see a sleeping worker's memory freed (swap/memory.py)."""
+    a = FakeDevice("A", 81559, (9, 0), "GPU-a", processes=[(10, 60 << 30), (11, 2 << 30), (99, 5)])
+    b = FakeDevice("B", 81559, (9, 0), "GPU-b", processes=[(10, 1 << 30), (12, None)])
+    memory = NvmlProcessMemory(FakeNvml([a, b]))
+    assert memory.held_bytes({10, 11}, [0]) == 62 << 30  # not pid 99, another program's
+    assert memory.held_bytes({10, 12}, [0, 1]) == 61 << 30  # None where the driver cannot say
+    assert memory.held_bytes({7}, [0]) == 0  # not listed: freed, or invisible (caller decides)
+    assert (
+        NvmlProcessMemory(FakeNvml([a], init_error=RuntimeError("no driver"))).held_bytes({10}, [0])
+        is None
+    )
+    lost = FakeDevice("C", 1, (9, 0), "GPU-c", broken=True)
+    assert NvmlProcessMemory(FakeNvml([lost])).held_bytes({10}, [0]) is None
+    assert NvmlProcessMemory(FakeNvml([a])).held_bytes({10}, []) is None

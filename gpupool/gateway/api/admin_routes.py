@@ -27,7 +27,8 @@ from gpupool.workers.registry import Worker
 from gpupool.workers.swap.controller import SwapController
 
 
-def worker_status(w: Worker) -> dict[str, Any]:
+def worker_status(w: Worker, swap: SwapController | None = None) -> dict[str, Any]:
+    """One worker as ``/admin/workers`` shows it; ``swap``: a group member's checks too."""
     uptime = w.uptime_s()
     return {
         "name": w.name,
@@ -50,6 +51,7 @@ def worker_status(w: Worker) -> dict[str, Any]:
         "paused": w.paused,  # of ``inflight``: kept asleep by a switch until its next wake
         "vllm": {"kv_cache_usage": w.kv_usage, "waiting": w.vllm_waiting,
                  "running": w.vllm_running},
+        "swap": swap.member_view(w.name) if swap is not None and w.swap_group else None,
     }  # fmt: skip
 
 
@@ -104,14 +106,14 @@ async def list_workers(request: Request) -> ASGIApp:
     and log lines, vLLM's KV usage and waiting count."""
     _query(request, {})
     svc = services(request)
-    data = [worker_status(w) for w in svc.registry]
+    data = [worker_status(w, svc.swap) for w in svc.registry]
     return ReplyResponse(Reply.json(200, {"object": "list", "data": data}))
 
 
 async def get_worker(request: Request) -> ASGIApp:
     """One worker, as in the list."""
     _query(request, {})
-    return ReplyResponse(Reply.json(200, worker_status(_worker(request))))
+    return ReplyResponse(Reply.json(200, worker_status(_worker(request), services(request).swap)))
 
 
 async def drain(request: Request) -> ASGIApp:
@@ -120,7 +122,7 @@ async def drain(request: Request) -> ASGIApp:
     w, svc = _worker(request), services(request)
     timeout = _query(request, {"timeout_s": seconds(MAX_DRAIN_S)}).get("timeout_s", 300.0)
     await svc.drain(w, timeout)
-    return ReplyResponse(Reply.json(200, worker_status(w)))
+    return ReplyResponse(Reply.json(200, worker_status(w, svc.swap)))
 
 
 async def undrain(request: Request) -> ASGIApp:
@@ -128,7 +130,7 @@ async def undrain(request: Request) -> ASGIApp:
     _query(request, {})
     w, svc = _worker(request), services(request)
     await svc.undrain(w)
-    return ReplyResponse(Reply.json(200, worker_status(w)))
+    return ReplyResponse(Reply.json(200, worker_status(w, svc.swap)))
 
 
 async def restart(request: Request) -> ASGIApp:
@@ -138,7 +140,7 @@ async def restart(request: Request) -> ASGIApp:
     if not w.supervised:
         raise BadRequest(f"Worker `{w.name}` is not launched by gpupool; it cannot be restarted.")
     await svc.supervisor.restart(w.name)
-    return ReplyResponse(Reply.json(200, worker_status(w)))
+    return ReplyResponse(Reply.json(200, worker_status(w, svc.swap)))
 
 
 async def sleep(request: Request) -> ASGIApp:
@@ -152,7 +154,7 @@ async def sleep(request: Request) -> ASGIApp:
     if why:
         raise InvalidBody(f"Level 2 is refused: {why}.", param="level")
     await swap.sleep(w.name, level)
-    return ReplyResponse(Reply.json(200, worker_status(w)))
+    return ReplyResponse(Reply.json(200, worker_status(w, svc.swap)))
 
 
 async def wake(request: Request) -> ASGIApp:
@@ -162,7 +164,7 @@ async def wake(request: Request) -> ASGIApp:
     _query(request, {})
     w, svc = _worker(request), services(request)
     await _swap(svc, w).wake(w.name)
-    return ReplyResponse(Reply.json(200, worker_status(w)))
+    return ReplyResponse(Reply.json(200, worker_status(w, svc.swap)))
 
 
 def sleep_level(name: str, text: str) -> int:

@@ -8,8 +8,12 @@ Serves vLLM's dev-mode routes: ``POST /sleep?level=1|2&mode=...``, ``POST /wake_
 wake of the ``kv_cache`` tag answers 500 after waking the other tags, until the knob is changed:
 a level-2 wake that fails half-way, weights on the GPU while ``/is_sleeping`` says true, as in
 vLLM while any tag sleeps), and ``sleep_fail``:
-``"error"`` (the next sleep answers 500; the worker stays awake) or ``"hang"`` (every sleep waits,
-awake, until the knob is changed, then sleeps as asked: a sleep held up past its caller's timeout).
+``"error"`` (the next sleep answers 500; the worker stays awake), ``"hang"`` (every sleep waits,
+awake, until the knob is changed, then sleeps as asked: a sleep held up past its caller's timeout)
+or ``"keep_memory"`` (every sleep answers 200 and says it sleeps, but its GPU memory stays held, as
+vllm#32714 and #47654 report), and ``reload_fail``: ``"garbage"`` (every ``reload_weights`` answers
+200 but leaves wrong weights: from then on the process answers garbage, ``!`` tokens, as a level-2
+wake without a correct reload does in vllm#29341, until it is restarted).
 
 ``mode`` is vLLM's: what a sleep does with the generations in flight (those waiting for a slot
 included). ``wait`` lets them finish (one whose client left ends at once), then sleeps; such a
@@ -29,9 +33,11 @@ that would take the GPU past all of it fails the way CUDA does (start-up: the pr
 vLLM's free-memory error; a wake: 500 ``CUDA out of memory``) and is written to the ledger's
 ``violations``, as is any generation request (or stored response's route, ``stored.py``) that
 reaches a worker while it sleeps, and any sleep that aborted a generation. Each member's entry
-also has its ``sleeps_waited`` and ``sleeps_kept``. Tests read the ledger to prove that two
-workers of one GPU were never awake together, that none was sent a request while it slept, and
-that no sleep cut a generation short.
+also has its ``sleeps_waited`` and ``sleeps_kept``, and ``held_bytes``, what NVML would say its
+process holds on the GPU (its share of a ``GPU_BYTES`` card while it holds it, ``RESIDUE_BYTES``
+asleep: ``sim/memory.py`` reads it as the gateway's NVML seam). Tests read the ledger to prove
+that two workers of one GPU were never awake together, that none was sent a request while it
+slept, and that no sleep cut a generation short.
 """
 
 from __future__ import annotations
@@ -58,6 +64,9 @@ _ROUTES = frozenset({"/sleep", "/wake_up", "/is_sleeping", "/collective_rpc", "/
 _TAGS = frozenset({"weights", "kv_cache"})
 _MODES = ("abort", "wait", "keep")  # vLLM's PauseMode; "abort" when the query has none
 _CTX_KEY = "gpupool.sim.sleep"
+GPU_BYTES = 80 << 30  # the simulated card (its ledger's shares are of it)
+RESIDUE_BYTES = 400 << 20  # what a sleeping vLLM process keeps (CUDA context)
+_SLEEP_FAILS = (None, "error", "hang", "keep_memory")
 
 
 @dataclass(slots=True)
@@ -109,6 +118,8 @@ class SleepMode:
     violations: list[str] = field(default_factory=list)
     wake_fail: str | None = None
     sleep_fail: str | None = None
+    reload_fail: str | None = None
+    garbled: bool = False  # a reload_weights under reload_fail "garbage": answers are garbage
     running: Callable[[], int] = lambda: 0  # generations in flight (the app sets it)
     abort: Callable[[], None] = lambda: None  # the engine's abort of them all (the app sets it)
     freeze: Callable[[], None] = lambda: None  # the engine's pause of them all (the app sets it)
@@ -147,6 +158,7 @@ class SleepMode:
                 self.violations.append(note)
                 return False
             members[s.member] = {"share": s.share, "awake": True, "pid": os.getpid(),
+                                 "held_bytes": int(s.share * GPU_BYTES),
                                  "sleeps_waited": self.sleeps_waited,
                                  "sleeps_kept": self.sleeps_kept}  # fmt: skip
             data.setdefault("peak_awake", 0.0)
@@ -159,7 +171,8 @@ class SleepMode:
         with self._ledger.open() as data:
             member = data.setdefault("members", {}).get(self.settings.member)
             if member is not None:
-                member["awake"] = False
+                if self.sleep_fail != "keep_memory":  # (else it stays held: awake, to CUDA)
+                    member["awake"], member["held_bytes"] = False, RESIDUE_BYTES
                 member["sleeps_waited"] = self.sleeps_waited
                 member["sleeps_kept"] = self.sleeps_kept
 
@@ -292,6 +305,7 @@ class SleepMode:
             return 400, {"detail": "Request body must be a JSON object"}
         if method == "reload_weights":
             await asyncio.sleep(self.settings.reload_s)
+            self.garbled = self.garbled or self.reload_fail == "garbage"
         return 200, {"results": [None]}
 
     def stats(self) -> tuple[int, Any]:
@@ -301,6 +315,7 @@ class SleepMode:
                      "sleeps_waited": self.sleeps_waited, "sleeps_kept": self.sleeps_kept,
                      "falling_asleep": self.falling,
                      "wakes": self.wakes, "host_ram_gib": host, "share": s.share,
+                     "garbled": self.garbled,
                      "violations": self.violations}  # fmt: skip
 
     def control(self, body: bytes) -> tuple[int, Any]:
@@ -311,10 +326,16 @@ class SleepMode:
         if not isinstance(knobs, dict):
             return 400, {"detail": "a JSON object"}
         wake, sleep = knobs.get("wake_fail"), knobs.get("sleep_fail")
-        if wake not in (None, "error", "crash", "kv_cache") or sleep not in (None, "error", "hang"):
-            detail = "wake_fail: error, crash, kv_cache or null; sleep_fail: error, hang or null"
+        reload = knobs.get("reload_fail")
+        if (
+            wake not in (None, "error", "crash", "kv_cache")
+            or sleep not in _SLEEP_FAILS
+            or reload not in (None, "garbage")
+        ):
+            detail = ("wake_fail: error, crash, kv_cache or null; sleep_fail: error, hang, "
+                      "keep_memory or null; reload_fail: garbage or null")  # fmt: skip
             return 400, {"detail": detail}
-        self.wake_fail, self.sleep_fail = wake, sleep
+        self.wake_fail, self.sleep_fail, self.reload_fail = wake, sleep, reload
         self._unhung.set()
         return self.stats()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpupool.workers.sim.config import SimConfig
@@ -29,6 +30,9 @@ class TextSource:
         self.mode = config.mode
         self.output_tokens = config.output_tokens
         self._tokenizer = tokenizer
+        # True while the "weights" are wrong (sleep.py's reload_fail "garbage"): every output
+        # is "!" pieces, as vLLM's after a level-2 wake without a correct reload
+        self.garbled: Callable[[], bool] = lambda: False
         self._lorem = [LOREM[0], *(" " + w for w in LOREM[1:])]
         self._lorem_wrap = [" " + w for w in LOREM]
         script = config.script or ""
@@ -49,6 +53,8 @@ class TextSource:
         """The output of one choice under ``max_tokens``; ``prefix`` is already written
         (``continue_final_message``) and is skipped when the natural text starts with it."""
         pieces = self.natural(echo_text, choice)
+        if self.garbled():
+            pieces = ["!"] * len(pieces)
         if prefix:
             pieces = drop_prefix(pieces, prefix)
         if len(pieces) > max_tokens:

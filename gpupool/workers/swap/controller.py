@@ -24,7 +24,9 @@ from gpupool.config.swap import sleeps
 from gpupool.workers.registry import Registry, Worker, WorkerState
 from gpupool.workers.swap.demand import Demand
 from gpupool.workers.swap.group import GroupSeams, Member, SwapEvents, SwapGroup
+from gpupool.workers.swap.memory import GIB, GpuMemory, MemoryWatch
 from gpupool.workers.swap.policy import Turns
+from gpupool.workers.swap.verify import Verification, Verifier
 
 
 class NotSwappable(Exception):
@@ -44,13 +46,15 @@ class SwapController:
         probe_timeout_s: float = 10.0,
         tick_s: float = 0.1,
         read_s: float = 2.0,
+        memory: Callable[[WorkerConfig], GpuMemory | None] = lambda _wc: None,
     ) -> None:
         self.registry = registry
         self.demand = Demand()
         turns = Turns(cfg.min_awake_s, cfg.priority_weight_s)
+        verifier = Verifier(session, cfg.canary, probe_timeout_s)
         seams = GroupSeams(registry, session, self.demand, events, restart, turns,
                            cfg.sleep_timeout_s, cfg.wake_timeout_s, probe_timeout_s,
-                           tick_s, read_s, cfg.pause_after_s)  # fmt: skip
+                           tick_s, read_s, cfg.pause_after_s, verifier)  # fmt: skip
         members: dict[str, list[Member]] = {}
         for wc in workers:
             worker = registry.get(wc.name)
@@ -60,7 +64,9 @@ class SwapController:
             worker.swap_group = group
             level = int(wc.sleep.level) if wc.sleep else 1
             idle = wc.sleep.idle_s if wc.sleep else None
-            members.setdefault(group, []).append(Member(worker, level, idle, wc.launch is not None))
+            member = Member(worker, level, idle, wc.launch is not None)
+            member.verify = Verification(_watch(wc, memory(wc), cfg))
+            members.setdefault(group, []).append(member)
         self.groups = {name: SwapGroup(name, ms, seams) for name, ms in members.items()}
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -89,6 +95,14 @@ class SwapController:
         except NotSwappable:
             return True
         return False
+
+    def member_view(self, name: str) -> dict[str, object] | None:
+        """A member's checks (``verify.py``) for the admin API; None outside any group."""
+        try:
+            _group, member = self._find(name)
+        except NotSwappable:
+            return None
+        return member.verify.view()
 
     # -- life -----------------------------------------------------------------------------------
 
@@ -129,3 +143,11 @@ class SwapController:
             if member.worker.state in (WorkerState.draining, WorkerState.stopped):
                 return False
             return await group.switch_to(member)
+
+
+def _watch(wc: WorkerConfig, memory: GpuMemory | None, cfg: SwapConfig) -> MemoryWatch | None:
+    """A launched worker's memory watch on its GPUs (None: not launched, or nothing to read)."""
+    if memory is None or wc.launch is None or not wc.launch.gpus:
+        return None
+    residue = int(cfg.sleep_residue_gib * GIB)
+    return MemoryWatch(memory, tuple(wc.launch.gpus), residue, cfg.free_timeout_s)

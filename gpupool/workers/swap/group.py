@@ -12,6 +12,15 @@ starting or restarting only launches while it holds the GPU). A switch, under th
 The next member is woken only after the last one's /sleep answered (or its process was killed),
 and admission grants slots only on ``ready`` workers, so no request reaches a sleeping worker.
 
+Neither answer is trusted alone (``verify.py``):
+
+    /sleep answered ──▶ its GPU memory read until freed ──▶ asleep
+                    └─▶ still held after swap.free_timeout_s ──▶ failed, restarted (killed:
+                        freed) ── never woken beside
+    level-2 wake answered ──▶ canary = the answer recorded before its first level-2 sleep ─▶ ready
+                          └─▶ another answer (or none) ──▶ launched: failed, restarted
+                                                       └─▶ url: /sleep again, asleep
+
 A failed sleep or wake marks the worker failed; a launched one is restarted as supervision
 restarts a crash (its relaunch waits at the gate for its turn).
 
@@ -52,7 +61,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import aiohttp
@@ -63,6 +72,7 @@ from gpupool.workers.swap.client import SleepCallFailed
 from gpupool.workers.swap.demand import Demand, ModelDemand
 from gpupool.workers.swap.policy import Holder, Turns, next_model
 from gpupool.workers.swap.reading import Seen
+from gpupool.workers.swap.verify import Verification, Verifier
 
 log = logging.getLogger("gpupool.swap")
 
@@ -98,6 +108,7 @@ class Member:
     # says true while any tag sleeps: a level-2 wake that failed after ``tags=weights`` leaves the
     # weights on the GPU); only a /sleep of ours that answers (or a wake that does) clears it
     wake_unsure: bool = False
+    verify: Verification = field(default_factory=Verification)  # its checks (``verify.py``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +125,7 @@ class GroupSeams:
     tick_s: float = 0.1
     read_s: float = 2.0  # the pace of reads of a url: holder in doubt (the health interval)
     pause_after_s: float | None = None  # a switch pauses the holder's requests after this wait
+    verifier: Verifier | None = None  # memory freed after a sleep, canary after a level-2 wake
 
 
 class SwapGroup:
@@ -417,7 +429,13 @@ class SwapGroup:
         self.seams.events.paused(self.name, w.model, w.inflight)
 
     async def _sleep_call(self, m: Member, keep: bool = False) -> bool:
+        verifier, level = self.seams.verifier, m.next_level or m.level
+        awake = None
+        if verifier is not None:
+            awake = await verifier.before_sleep(m.worker, m.verify, level)
         error = await self._ask_sleep(m, keep=keep)
+        if error is None and verifier is not None and m.launched:
+            error = await verifier.after_sleep(m.worker, m.verify, awake)
         if error is not None:
             return await self._failed(m, error)
         w = m.worker
@@ -505,13 +523,14 @@ class SwapGroup:
         w, seams = m.worker, self.seams
         if w.state is WorkerState.asleep and w.url is not None:
             seams.registry.transition(w, WorkerState.waking)
+            level = m.slept_at or m.level
             error = await self._send_wake(m)
             if error is not None:
                 await self._failed(m, error)
                 if m.launched:  # restarted: it comes up awake, as its turn goes on
                     await self._until(w, _UP)
                 return state_of(w) is WorkerState.ready
-            if state_of(w) is WorkerState.waking:
+            if state_of(w) is WorkerState.waking and await self._checked(m, level):
                 self._mark_ready(m)
             return state_of(w) is WorkerState.ready
         if m.launched:  # at its launch gate (or restarting): now its turn
@@ -532,15 +551,41 @@ class SwapGroup:
                 self._doubt.add(w.name)
             return False
         if seen.seen is Seen.asleep:
+            level = m.slept_at or m.level
             error = await self._send_wake(m)
             if error is not None:
                 await self._failed(m, error)
+                return False
+            if not await self._checked(m, level):
                 return False
         if state_of(w) is not before:
             return False  # drained meanwhile: it holds the GPU, out of routing
         w.last_error = None
         self._mark_ready(m)
         return True
+
+    async def _checked(self, m: Member, level: int) -> bool:
+        """After a wake at ``level``: True when its canary matches (or none applies). Else a
+        launched member is restarted (its turn goes on: it comes up awake) and a ``url:`` one
+        is put back to sleep (the GPU free; its model waits for the next try)."""
+        verifier, w = self.seams.verifier, m.worker
+        why = None if verifier is None else await verifier.after_wake(w, m.verify, level)
+        if why is None:
+            return True
+        if m.launched:
+            await self._failed(m, f"{why}: restarted")
+            await self._until(w, _UP)
+            return False
+        error = await self._ask_sleep(m)
+        if error is not None:
+            await self._failed(m, f"{why}; {error}")
+            return False
+        log.warning("swap group %s: worker %s: %s; put back to sleep", self.name, w.name, why)
+        w.last_error = f"{why}; put back to sleep"
+        if state_of(w) is not WorkerState.stopped:
+            self.seams.registry.transition(w, WorkerState.asleep)
+        self.holder = None if self.holder is m else self.holder
+        return False
 
     def _mark_ready(self, m: Member) -> None:
         m.worker.consecutive_failures = 0
