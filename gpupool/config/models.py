@@ -448,6 +448,15 @@ class QueueConfig(_Strict):
 
 class RoutingConfig(_Strict):
     retries: int = Field(2, ge=0, description="Other workers tried before the first byte.")
+    migrations: int = Field(
+        2,
+        ge=0,
+        description="Times one request may move to another worker of its model after its "
+        "answer began, when its worker dies or an operator's drain or restart reaches its "
+        "deadline: a stream continues where it stopped, a whole answer starts again "
+        "(docs/migration.md). It queues for the new worker like any request; 0: off (the "
+        "client gets the stream's error event or a 502, as before).",
+    )
     prefix_affinity: bool = Field(True, description="Keep a conversation on one worker.")
     affinity_max_load: float = Field(
         1.0,

@@ -223,6 +223,21 @@ class Metrics:
             "gpupool_upstream_retries", "Requests retried on another worker before any byte.",
             [*mw, "reason"], registry=r,
         )  # fmt: skip
+        # request migration (pipeline/migrate.py): an answer moved after it began
+        self.migrations = Counter(
+            "gpupool_migrations", "Requests moved to another worker after their answer began, "
+            "by cause (worker_died; worker_out: taken out by its checks; drain; restart) and "
+            "outcome (continued: a stream went on from its text; restarted: sent again, "
+            "nothing had reached the client; ended: "
+            "every token had gone out, the gateway ended the stream; refused: it cannot be "
+            "continued exactly; failed: no worker took it, or migrations are exhausted).",
+            ["model", "cause", "outcome"], registry=r,
+        )  # fmt: skip
+        self.reprefilled = Counter(
+            "gpupool_migration_reprefilled_tokens", "Tokens of answers fed back to a new "
+            "worker as prompt by migrations (estimated: one a text event).", ["model"],
+            registry=r,
+        )  # fmt: skip
         # sleep mode (gpupool/workers/swap): models taking turns on a GPU
         self.switches = Counter(
             "gpupool_swap_switches", "Switches of a swap group's GPU to a model (by the model "

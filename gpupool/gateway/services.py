@@ -175,7 +175,9 @@ class Services:
         if worker.state is WorkerState.ready:
             self.admission.poke(worker.name)
         elif old is WorkerState.ready and worker.state is WorkerState.failed and worker.url:
-            self.client.abort(worker.url)  # its in-flight requests end now, with an error
+            # its in-flight requests end now: they move to another worker where they may
+            # (``pipeline/migrate.py``), else with an error
+            self.client.abort(worker.url, "worker_out")
         self.write_sd_file()
 
     def write_sd_file(self) -> None:

@@ -118,10 +118,14 @@ def test_worker_killed_while_idle(tmp_path: Path) -> None:
         assert fresh.label == "200"
 
 
-def test_worker_killed_mid_stream(tmp_path: Path) -> None:
+@pytest.mark.parametrize("migrations", [0, 2])
+def test_worker_killed_mid_stream(tmp_path: Path, migrations: int) -> None:
+    """With migrations (the default) the victim's streams go on on the other worker (issue
+    36, ``tests/gateway/test_migration.py``); without, each ends with its error event."""
     victim = sim(model=MODEL, tmp=tmp_path, max_num_seqs=8, itl_ms=100, output_tokens=200)
     other = sim(model=MODEL, tmp=tmp_path, max_num_seqs=8, itl_ms=30, output_tokens=200)
-    cfg = gateway_config([("victim", victim, 4), ("other", other, 4)], routing=NO_AFFINITY)
+    routing = {**NO_AFFINITY, "migrations": migrations}
+    cfg = gateway_config([("victim", victim, 4), ("other", other, 4)], routing=routing)
     gw = gateway(cfg, tmp_path)
     with running(victim, other), running(gw, ready_path="/ready"):
 
@@ -154,7 +158,7 @@ def test_worker_killed_mid_stream(tmp_path: Path) -> None:
         ids = victim_ids + executed(other)
         told_s = max(o.ended for o in outcomes if o.worker == "victim") - t_kill
         report(
-            "worker kill -9, mid-stream",
+            f"worker kill -9, mid-stream (migrations: {migrations})",
             clients=by_worker,
             duplicates=len(duplicates(ids)),
             error_event_after_kill_s=round(told_s, 3),
@@ -163,8 +167,9 @@ def test_worker_killed_mid_stream(tmp_path: Path) -> None:
             fresh=fresh.label,
         )
         _assert_nothing_lost(outcomes, {"200", "200+error-event"})
-        assert by_worker == {"victim": {"200+error-event": 4}, "other": {"200": 4}}
-        assert not duplicates(ids)
+        victims = {"200": 4} if migrations else {"200+error-event": 4}
+        assert by_worker == {"victim": victims, "other": {"200": 4}}
+        assert not duplicates(ids)  # a continuation's worker request id is ``<id>-m1``
         assert fresh.label == "200" and fresh.worker == "other"
 
 

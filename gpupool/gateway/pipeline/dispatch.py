@@ -17,6 +17,7 @@ from gpupool.gateway.errors import (
 from gpupool.gateway.metrics import Metrics
 from gpupool.gateway.pipeline.candidates import Candidates
 from gpupool.gateway.pipeline.exchange import Exchange
+from gpupool.gateway.pipeline.migrate import Migrator
 from gpupool.gateway.pipeline.prefill import PrefillGate
 from gpupool.gateway.pipeline.slots import Slots
 from gpupool.gateway.routing.policy import RouteRequest
@@ -43,8 +44,10 @@ class Dispatcher:
         client: DataPath,
         slots: Slots,
         metrics: Metrics,
+        migrator: Migrator | None = None,
     ) -> None:
         self.routing = routing
+        self.migrator = migrator
         self.registry = registry
         self.candidates = candidates
         self.client = client
@@ -78,11 +81,7 @@ class Dispatcher:
                     ex.prefilled()  # an error: nothing is prefilling
                 data = await resp.read()
             except UpstreamFailure as e:
-                if e.sent and not (e.died and worker is not None and worker.routable):
-                    self.broke(ex, e)
-                    ex.status = "upstream_error"
-                    raise failure_error(e, "while handling the request") from None
-                await self._retry(ex, e.args[0], worker)
+                await self._after(ex, e, worker)  # on another worker, or raises
                 continue
             reason = self._retryable(resp.status, data, worker, ex)
             if reason is None or len(plan.tried) >= self.routing.retries:
@@ -90,6 +89,35 @@ class Dispatcher:
             if reason == "context_length" and not self._larger_window(ex):
                 return data  # no window holds it: the worker's own 400, in its route's shape
             await self._retry(ex, reason, worker, failure=reason != "context_length")
+
+    async def _after(self, ex: Exchange, e: UpstreamFailure, worker: Worker | None) -> None:
+        """After a transport failure before the first byte: a request whose worker died
+        starts again elsewhere (a migration); one that was not sent, or whose worker closed
+        the connection while still routable, is retried; any other fails (it may have run,
+        and may still)."""
+        if e.sent and await self._restart(ex, e):
+            return
+        if e.sent and not (e.died and worker is not None and worker.routable):
+            self.broke(ex, e)
+            ex.status = "upstream_error"
+            raise failure_error(e, "while handling the request") from None
+        await self._retry(ex, e.args[0], worker)
+
+    async def _restart(self, ex: Exchange, e: UpstreamFailure) -> bool:
+        """A request sent to a worker that died before anything went back starts again on
+        another worker when it may move (a migration: ``migrate.py``): True. False when it may
+        not (the caller's rules apply); raises when it may but no worker takes it."""
+        m = self.migrator
+        cause = m.cause(ex, e) if m is not None else None
+        if m is None or cause is None:
+            return False
+        if cause == "worker_died":
+            self.broke(ex, e)
+        if not await m.move(ex, cause, "sent again"):
+            ex.status = "upstream_error"
+            raise failure_error(e, "while handling the request") from None
+        m.record(ex, cause, "restarted")
+        return True
 
     @staticmethod
     async def _answered(ex: Exchange) -> None:

@@ -79,6 +79,7 @@ class Plan:
     # not a stored response's GET/cancel (its usage is the stored one's) nor a background create
     # (answered at once, generated later)
     paced: bool = False
+    migrations: int = 0  # times it moved to another worker after its answer began (migrate.py)
 
 
 class Exchange:

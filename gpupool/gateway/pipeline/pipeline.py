@@ -37,6 +37,7 @@ from gpupool.gateway.pipeline.context import build_context
 from gpupool.gateway.pipeline.dispatch import Dispatcher
 from gpupool.gateway.pipeline.exchange import Context, Exchange, ExchangeDeps, Plan
 from gpupool.gateway.pipeline.kinds import Count, Kind, Shape
+from gpupool.gateway.pipeline.migrate import Migrator
 from gpupool.gateway.pipeline.queued import QueuedStream
 from gpupool.gateway.pipeline.relay import Relay, stream_error
 from gpupool.gateway.pipeline.slots import Slots
@@ -83,12 +84,13 @@ class Pipeline:
         self.key_limits = key_limits
         self.slots = Slots(admission, registry, metrics)
         self.candidates = Candidates(registry, router)
+        migrator = Migrator(cfg.routing.migrations, self.candidates, self.slots, metrics)
         self.dispatcher = Dispatcher(
-            cfg.routing, registry, self.candidates, client, self.slots, metrics
+            cfg.routing, registry, self.candidates, client, self.slots, metrics, migrator
         )
         self.relay = Relay(
             self.dispatcher, client, registry, metrics, cfg.server.expose_worker_header,
-            WorkerLimits.of(cfg.server).max_event_bytes,
+            WorkerLimits.of(cfg.server).max_event_bytes, migrator,
         )  # fmt: skip
         self.deps = ExchangeDeps(self.slots, registry, router, metrics)
         # the salts' key when the config names none: kept for reloads and replicas, found in

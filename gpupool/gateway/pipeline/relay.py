@@ -2,8 +2,9 @@
 
 Bytes pass through untouched unless something must change: a reasoning split or rename (the
 events are parsed and re-framed), or a usage chunk the gateway asked for on the client's behalf
-(dropped again). A stream never ends silently: a worker that dies mid-stream yields vLLM's
-in-stream error event and ``data: [DONE]``. Nothing here releases anything: every reply's
+(dropped again). A stream never ends silently: a chat or completions stream whose worker dies
+goes on on another worker where it may (``_raw``, ``migrate.py``); otherwise it ends with
+vLLM's in-stream error event and ``data: [DONE]``. Nothing here releases anything: every reply's
 ``after`` is its exchange's ``aclose``, which the front door runs however the reply ends.
 
 What a worker sends is bounded (``upstream/limits.py``): the connection bounds heads, bodies and
@@ -27,8 +28,9 @@ from gpupool.gateway.metrics import Metrics
 from gpupool.gateway.pipeline.dispatch import Dispatcher, failure_error
 from gpupool.gateway.pipeline.exchange import Exchange
 from gpupool.gateway.pipeline.kinds import Shape
+from gpupool.gateway.pipeline.migrate import Migrator
 from gpupool.gateway.reply import Reply
-from gpupool.gateway.tokens import tokenize_count
+from gpupool.gateway.tokens import exact_count, tokenize_count
 from gpupool.gateway.transform.chat import (
     ChatStreamTransformer,
     TransformOptions,
@@ -36,6 +38,13 @@ from gpupool.gateway.transform.chat import (
     chat_reasoning_texts,
     reasoning_token_count,
     transform_chat_response,
+)
+from gpupool.gateway.transform.continuation import (
+    Progress,
+    Resume,
+    continuation,
+    end_events,
+    refusal,
 )
 from gpupool.gateway.transform.messages import (
     MessagesStreamTransformer,
@@ -78,8 +87,10 @@ class Relay:
         metrics: Metrics,
         worker_header: bool,
         max_event_bytes: int = WorkerLimits().max_event_bytes,
+        migrator: Migrator | None = None,
     ) -> None:
         self.dispatcher = dispatcher
+        self.migrator = migrator
         self.client = client
         self.registry = registry
         self.metrics = metrics
@@ -112,20 +123,7 @@ class Relay:
     # ---- whole bodies ----------------------------------------------------------------------
 
     async def whole(self, ex: Exchange) -> Reply:
-        data = await self.dispatcher.send(ex)  # ``open``, written out
-        if ex.plan.transform is not None:
-            self.fit(ex)
-        resp = ex.resp
-        assert resp is not None
-        try:
-            if data is None:
-                data = resp.read_now()
-            if data is None:
-                data = await resp.read()
-        except UpstreamFailure as e:
-            ex.status = "upstream_error"
-            self._broke(ex, e)
-            raise failure_error(e, "before answering") from None
+        resp, data = await self._read_whole(ex)
         if resp.status == 200 and not _same_model(data, ex.plan.model.name):
             ex.status = "upstream_error"
             other = over("model", "worker answered for another model")
@@ -139,6 +137,41 @@ class Relay:
         elif resp.status == 400:
             data = self._refused(ex, data)
         return Reply(resp.status, self._headers(resp, ex), data, after=ex.aclose)
+
+    async def _read_whole(self, ex: Exchange) -> tuple[Response, bytes]:
+        """Send ``ex`` (``open``, written out) and read its whole answer; a worker that dies
+        before the body is whole sends it again elsewhere when it may move."""
+        while True:
+            data = await self.dispatcher.send(ex)
+            if ex.plan.transform is not None:
+                self.fit(ex)
+            resp = ex.resp
+            assert resp is not None
+            try:
+                if data is None:
+                    data = resp.read_now()
+                if data is None:
+                    data = await resp.read()
+                return resp, data
+            except UpstreamFailure as e:
+                if not await self._send_again(ex, e):
+                    ex.status = "upstream_error"
+                    self._broke(ex, e)
+                    raise failure_error(e, "before answering") from None
+
+    async def _send_again(self, ex: Exchange, e: UpstreamFailure) -> bool:
+        """A whole answer whose worker died mid-body starts again elsewhere (``migrate.py``):
+        nothing reached the client, and the text so far is only in the lost body."""
+        m = self.migrator
+        cause = m.cause(ex, e) if m is not None else None
+        if m is None or cause is None:
+            return False
+        if cause == "worker_died":
+            self.dispatcher.broke(ex, e)
+        if not await m.move(ex, cause, "sent again"):
+            return False
+        m.record(ex, cause, "restarted")
+        return True
 
     @staticmethod
     def _refused(ex: Exchange, data: bytes) -> bytes:
@@ -257,7 +290,7 @@ class Relay:
         line = bytearray()  # the unended line, for its usage
         last, tail = 0.0, b""
         try:
-            async for chunk in resp.iter_raw():
+            async for chunk in self._raw(ex):
                 now = time.monotonic()
                 if last:
                     itl.observe(now - last)
@@ -284,6 +317,97 @@ class Relay:
             self._broke(ex, e)
             held = strip.end() if strip is not None else b""
             yield held + stream_error(ex, failure_error(e, "mid-stream"))
+
+    async def _raw(self, ex: Exchange) -> AsyncIterator[bytes]:
+        """The worker's chat or completions stream as it sent it; when that worker dies and the
+        request may move (``migrate.py``), the next worker's continuation, rewritten to go on as
+        the same stream (``transform/continuation.py``)."""
+        resp = ex.resp
+        assert resp is not None
+        m = self.migrator
+        if m is None or not m.limit or not ex.plan.kind.usage_option:
+            async for chunk in resp.iter_raw():
+                yield chunk
+            return
+        progress = Progress(ex.plan.kind.shape is Shape.chat)
+        resume: Resume | None = None
+        while True:
+            try:
+                async for chunk in resp.iter_raw():
+                    out = progress.feed(chunk) if resume is None else resume.rewrite(chunk)
+                    if max(progress.pending(), resume.pending() if resume else 0) > (
+                        self.max_event_bytes
+                    ):
+                        raise self._over_event()
+                    yield out
+                yield progress.rest()
+                return
+            except UpstreamFailure as e:
+                moved = await self._continue(ex, e, progress)
+                if moved is None:
+                    raise
+                if isinstance(moved, bytes):
+                    yield moved  # every token had gone out: the stream's end
+                    return
+                resume = moved
+                resp = ex.resp
+                assert resp is not None
+
+    async def _continue(
+        self, ex: Exchange, e: UpstreamFailure, progress: Progress
+    ) -> Resume | bytes | None:
+        """After ``e``, the stream's continuation open on another worker (its rewriter), its
+        end when nothing was left to generate, or None: it fails as before."""
+        m = self.migrator
+        assert m is not None
+        cause = m.cause(ex, e)
+        if cause is None:
+            return None
+        plan = ex.plan
+        chat = plan.kind.shape is Shape.chat
+        if progress.origin is None:
+            progress.origin = orjson.loads(plan.body)
+        origin = progress.origin
+        split = plan.transform is not None and plan.transform.parser is not None
+        why = None
+        if progress.begun:  # a gateway-side reasoning split: the raw text holds its <think>
+            why = refusal(origin, chat) or progress.broken or ("reasoning" if split else None)
+        if why is not None:
+            m.record(ex, cause, "refused")
+            log.warning("request %s: worker %s failed mid-answer (%s); not continued: %s",
+                        plan.ctx.request_id, ex.worker, cause, why)  # fmt: skip
+            return None
+        body = None if progress.finished else continuation(origin, chat, progress)
+        if body is None:
+            m.record(ex, cause, "ended")
+            return end_events(progress, chat)
+        if cause == "worker_died":
+            self.dispatcher.broke(ex, e)
+        sent = progress.tokens
+        what = f"continued after {sent} tokens" if progress.parts else "sent again"
+        if not await m.move(ex, cause, what):
+            return None
+        plan.body = orjson.dumps(body)
+        try:
+            data = await self.dispatcher.send(ex)
+        except GatewayError as err:
+            data = err.message.encode()
+        if data is not None:
+            m.record(ex, cause, "failed")
+            log.warning("request %s: continuation on worker %s refused: %s",
+                        plan.ctx.request_id, ex.worker, data[:200])  # fmt: skip
+            return None
+        prompt = await self._prompt_once(ex, origin, chat) if progress.parts else None
+        m.record(ex, cause, "continued" if progress.parts else "restarted", sent)
+        return Resume(progress, prompt)
+
+    async def _prompt_once(self, ex: Exchange, origin: dict[str, Any], chat: bool) -> int | None:
+        """The original prompt's tokens by the new worker's ``/tokenize`` (its usage counts
+        the text fed back as prompt too; the client's counts it once, as completion)."""
+        worker = self.registry.get(ex.worker)
+        if worker is None or worker.url is None:
+            return None
+        return await exact_count(self.client, worker.url, origin, ex.plan.model.name, chat)
 
     async def _reframe(
         self,

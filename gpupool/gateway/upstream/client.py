@@ -93,9 +93,10 @@ class UpstreamClient:
             )
         return self._session
 
-    def abort(self, url: str) -> None:
-        """Cut every open connection to a worker's origin: its in-flight requests fail at once."""
-        self._pool.abort(url)
+    def abort(self, url: str, cause: str | None = None) -> None:
+        """Cut every open connection to a worker's origin: its in-flight requests fail at once
+        (with a ``cause``, an operator action, they continue on another worker: migration)."""
+        self._pool.abort(url, cause)
 
     def hold_by(self, held_since: Held) -> None:
         """Hold streams' idle deadlines while their worker's requests are paused (swap groups'

@@ -43,15 +43,29 @@ class UpstreamFailure(Exception):
 
     ``limit``: the bound the worker crossed (an ``upstream_*`` config field; ``limits.py``),
     None for a plain transport failure.
+
+    ``cause``: why a request that has begun may continue on another worker (request migration,
+    ``pipeline/migrate.py``): ``worker_died`` when the worker closed or reset the connection
+    itself, ``worker_out`` when the gateway cut a worker its checks took out, or the operator
+    action that cut it (``drain``, ``restart``). None when it must not continue elsewhere: a
+    bound crossed (a worker that lies is not trusted with a second try), or the gateway
+    shutting down.
     """
 
     def __init__(
-        self, message: str, *, sent: bool, died: bool = False, limit: str | None = None
+        self,
+        message: str,
+        *,
+        sent: bool,
+        died: bool = False,
+        limit: str | None = None,
+        cause: str | None = None,
     ) -> None:
         super().__init__(message)
         self.sent = sent
         self.died = died
         self.limit = limit
+        self.cause = cause
 
 
 DROP_REQUEST_HEADERS = frozenset(h.encode() for h in DROP_REQUEST)

@@ -67,8 +67,10 @@ class _Over(Exception):
     """Raised in a parser callback to stop parsing: ``_Conn.broke`` says which limit."""
 
 
-def _died() -> UpstreamFailure:
-    return UpstreamFailure("worker closed the connection", sent=True, died=True)
+def _died(cause: str | None = "worker_died") -> UpstreamFailure:
+    """The worker's connection closed mid-request; ``cause`` (see ``UpstreamFailure``): the
+    worker itself closed it unless the gateway cut it (``Http1Pool.abort``)."""
+    return UpstreamFailure("worker closed the connection", sent=True, died=True, cause=cause)
 
 
 class _Origin:
@@ -142,14 +144,15 @@ class _Origin:
             with contextlib.suppress(ValueError):
                 self.idle.remove(conn)
 
-    def cut(self) -> None:
-        """Fail every in-flight request and close every connection, now."""
+    def cut(self, cause: str | None = None) -> None:
+        """Fail every in-flight request and close every connection, now (``cause``: see
+        ``UpstreamFailure``; None, the default, lets none continue elsewhere)."""
         self.closed = True
         conns, self.conns = self.conns, set()
         self.idle.clear()
         for conn in conns:
             conn.idle_since = 0.0
-            conn.fail(_died())
+            conn.fail(_died(cause))
 
 
 class _Conn(asyncio.Protocol):
@@ -696,11 +699,12 @@ class Http1Pool:
             # more, on a new connection (never reused, so never stale)
             conn = None
 
-    def abort(self, url: str) -> None:
-        """Cut every connection to a worker's origin: its in-flight requests fail at once."""
+    def abort(self, url: str, cause: str | None = None) -> None:
+        """Cut every connection to a worker's origin: its in-flight requests fail at once;
+        with a ``cause`` (an operator's drain or restart) they may continue elsewhere."""
         origin = self._origins.pop(_split(url)[0], None)
         if origin is not None:
-            origin.cut()
+            origin.cut(cause)
 
     async def close(self) -> None:
         """Close every connection: in-flight requests fail, and none goes back to a pool."""

@@ -107,7 +107,9 @@ class JobBuilder:
         all_pieces: list[str] = []
         for text, pieces in prompts:
             budget = self._budget(len(pieces), req.max_tokens)
-            outputs.extend(self.text.plan(text, budget, i) for i in range(req.n))
+            outputs.extend(
+                self.text.plan(text, budget, i, self.text.written(text, i)) for i in range(req.n)
+            )
             all_pieces.extend(pieces)
         job = self._job("cmpl-", prompts[0][0], all_pieces, outputs, meta)
         job.include_usage, job.continuous_usage = req.include_usage, req.continuous_usage

@@ -61,6 +61,23 @@ class TextSource:
             return Output(pieces[:max_tokens], "length")
         return Output(pieces, "stop")
 
+    def written(self, prompt: str, choice: int) -> str:
+        """The start of this choice's text that ``prompt`` already ends with (whole pieces):
+        a completions prompt that carries the first part of an answer (a request migrated
+        from another worker) is continued, as a model continues its own text. Echo mode
+        answers the prompt itself, so nothing is taken as written."""
+        if self.mode == "echo" or not prompt:
+            return ""
+        pieces = self.natural(prompt, choice)
+        best, upto = "", ""
+        for piece in pieces:
+            upto += piece
+            if len(upto) > len(prompt):
+                break
+            if prompt.endswith(upto):
+                best = upto
+        return best
+
     def _lorem_pieces(self, n: int, offset: int) -> list[str]:
         size = len(LOREM)
         if offset == 0 and n <= size:

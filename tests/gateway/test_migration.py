@@ -1,0 +1,188 @@
+"""A worker that dies mid-answer cuts no stream (issue 36): requests carry on on another worker.
+
+Real `gpupool serve` gateways in front of two simulated workers, once with the memory backend
+and once with Redis. The victim's process exits (as ``kill -9`` or a GPU fault) once any of its
+streams has sent ``CRASH_AT`` tokens; what the clients read is compared, event by event, with
+the same requests answered by a worker left alone: the text whole (nothing repeated or lost at
+the cut), one id in every chunk, one role delta, one ``[DONE]``, usage counted once. Afterwards
+nothing is held (``assert_nothing_held``), and the metrics and the log say what moved where.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.fault_tools import MODEL, async_client, gateway_config, wait_until
+from tests.support.hostile_tools import assert_nothing_held
+from tests.support.procs import Proc, gateway, redis_server, running, sim
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+CRASH_AT = 6
+MAX_TOKENS = 30
+NO_AFFINITY = {"prefix_affinity": False}
+
+
+def _chat(i: int, **extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": f"tell me {i}"}],
+            "max_tokens": MAX_TOKENS, "stream": True, **extra}  # fmt: skip
+
+
+def _completion(i: int, **extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "prompt": f"once upon a time {i}", "max_tokens": MAX_TOKENS,
+            "stream": True, **extra}  # fmt: skip
+
+
+USAGE = {"stream_options": {"include_usage": True}}
+
+
+def _requests() -> list[tuple[str, dict[str, Any]]]:
+    reqs: list[tuple[str, dict[str, Any]]] = []
+    for i in range(6):
+        extra = USAGE if i % 2 else {}
+        reqs.append(("/v1/chat/completions", _chat(i, **extra)))
+        reqs.append(("/v1/completions", _completion(i, **extra)))
+    reqs.append(("/v1/chat/completions", {**_chat(99), "stream": False}))
+    reqs.append(("/v1/completions", {**_completion(99), "stream": False}))
+    return reqs
+
+
+class Read:
+    """What one client read: its status, the worker header, and the events of a stream."""
+
+    def __init__(self, status: int, worker: str | None, raw: bytes, stream: bool) -> None:
+        self.status, self.worker, self.raw, self.stream = status, worker, raw, stream
+        self.events = [e for e in raw.split(b"\n\n") if e.strip()] if stream else []
+
+    def objects(self) -> list[dict[str, Any]]:
+        return [json.loads(e[6:]) for e in self.events if e.startswith(b"data: {")]
+
+    def text(self) -> str:
+        if not self.stream:
+            choice = json.loads(self.raw)["choices"][0]
+            return str(choice.get("text") or choice.get("message", {}).get("content"))
+        out = ""
+        for obj in self.objects():
+            for c in obj.get("choices", []):
+                out += c.get("text") or c.get("delta", {}).get("content") or ""
+        return out
+
+    def usage(self) -> dict[str, Any] | None:
+        if not self.stream:
+            return dict(json.loads(self.raw)["usage"])
+        found = [o["usage"] for o in self.objects() if o.get("usage")]
+        return found[-1] if found else None
+
+
+async def _one(c: httpx.AsyncClient, url: str, path: str, payload: dict[str, Any]) -> Read:
+    async with c.stream("POST", url + path, json=payload) as r:
+        raw = b"".join([chunk async for chunk in r.aiter_raw()])
+        return Read(r.status_code, r.headers.get("x-gpupool-worker"), raw, payload["stream"])
+
+
+async def _all(url: str, reqs: list[tuple[str, dict[str, Any]]]) -> list[Read]:
+    async with async_client(len(reqs)) as c:
+        return await asyncio.gather(*(_one(c, url, p, b) for p, b in reqs))
+
+
+def _exited(p: Proc) -> bool:
+    return p.proc is not None and p.proc.poll() is not None
+
+
+def _metric(gw: Proc, name: str, **labels: str) -> float:
+    text = httpx.get(gw.url + "/metrics", timeout=5).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+@pytest.fixture(params=["memory", "redis"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    if request.param == "memory":
+        yield None
+        return
+    redis = redis_server(tmp_path)
+    with running(redis):
+        yield redis.url
+
+
+def test_streams_and_whole_answers_continue_when_their_worker_dies(
+    tmp_path: Path, backend: str | None
+) -> None:
+    victim = sim(model=MODEL, tmp=tmp_path, max_num_seqs=16, itl_ms=40, output_tokens=80,
+                 crash_after_tokens=CRASH_AT)  # fmt: skip
+    other = sim(model=MODEL, tmp=tmp_path, max_num_seqs=16, itl_ms=5, output_tokens=80)
+    queue = {"backend": "redis", "redis_url": backend} if backend else None
+    # one slot on the other worker: at most one request starts there, so both whole answers
+    # cannot, and the moved requests queue for it like any request
+    cfg = gateway_config([("victim", victim, 16), ("other", other, 1)], queue=queue,
+                         routing=NO_AFFINITY)  # fmt: skip
+    gw = gateway(cfg, tmp_path)
+    reqs = _requests()
+    with running(victim, other), running(gw, ready_path="/ready"):
+        reference = asyncio.run(_all(other.url, reqs))  # the same requests, left alone
+        reads = asyncio.run(_all(gw.url, reqs))
+        wait_until("victim gone", lambda: _exited(victim), 10)
+        assert_nothing_held(gw.url)
+        moved = _metric(gw, "gpupool_migrations_total", cause="worker_died")
+        continued = _metric(gw, "gpupool_migrations_total", outcome="continued")
+        restarted = _metric(gw, "gpupool_migrations_total", outcome="restarted")
+        log = Path(gw.log_path).read_text()
+    assert all(r.status == 200 for r in reads), [
+        (r.status, r.raw[:300]) for r in reads if r.status != 200
+    ]
+    for (path, payload), got, want in zip(reqs, reads, reference, strict=True):
+        assert got.text() == want.text(), (path, payload, got.raw[-600:])
+        if not payload["stream"]:
+            continue
+        objects = got.objects()
+        assert got.events[-1] == b"data: [DONE]" and got.events.count(b"data: [DONE]") == 1
+        assert not any("error" in o for o in objects), got.raw[-300:]
+        assert len({o["id"] for o in objects}) == 1, "one id in every chunk"
+        assert len({o["created"] for o in objects}) == 1
+        roles = [c for o in objects for c in o.get("choices", []) if c.get("delta", {}).get("role")]
+        assert len(roles) == (1 if path == "/v1/chat/completions" else 0)
+        if payload.get("stream_options"):
+            usage, expected = got.usage(), want.usage()
+            assert usage is not None and expected is not None
+            assert usage["completion_tokens"] == expected["completion_tokens"] == MAX_TOKENS
+            assert usage["prompt_tokens"] == expected["prompt_tokens"]
+    assert moved >= 1 and continued >= 1 and restarted >= 1, (moved, continued, restarted)
+    line = re.search(r"request \S+: worker victim failed mid-answer \(worker_died\); "
+                     r"continued after \d+ tokens on worker other", log)  # fmt: skip
+    assert line, log[-3000:]
+
+
+def test_a_request_never_goes_back_to_a_worker_it_left(tmp_path: Path) -> None:
+    """Both workers die mid-answer: the stream moves once, then no worker is left that it has
+    not tried, and the client gets the stream's error event (no loop, nothing held)."""
+    a, b = (
+        sim(
+            model=MODEL,
+            tmp=tmp_path,
+            max_num_seqs=4,
+            itl_ms=20,
+            output_tokens=40,
+            crash_after_tokens=3,
+        )
+        for _ in range(2)
+    )
+    cfg = gateway_config([("a", a, 4), ("b", b, 4)], routing=NO_AFFINITY)
+    gw = gateway(cfg, tmp_path)
+    with running(a, b), running(gw, ready_path="/ready"):
+        (read,) = asyncio.run(_all(gw.url, [("/v1/chat/completions", _chat(1))]))
+        assert_nothing_held(gw.url)
+        continued = _metric(gw, "gpupool_migrations_total", outcome="continued")
+        failed = _metric(gw, "gpupool_migrations_total", outcome="failed")
+    assert read.status == 200 and read.events[-1] == b"data: [DONE]"
+    assert "error" in read.objects()[-1], read.raw[-300:]
+    assert (continued, failed) == (1, 1)
