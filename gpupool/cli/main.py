@@ -131,4 +131,4 @@ _register_optional()
 
 
 def main() -> None:
-    cli()
+    cli(prog_name="gpupool")  # also under `python -m gpupool`: usage and --version say gpupool
