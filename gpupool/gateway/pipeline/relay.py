@@ -29,6 +29,7 @@ from gpupool.gateway.pipeline.dispatch import Dispatcher, failure_error
 from gpupool.gateway.pipeline.exchange import Exchange
 from gpupool.gateway.pipeline.kinds import Shape
 from gpupool.gateway.pipeline.migrate import Migrator
+from gpupool.gateway.pipeline.peek import budget_refused, may_refuse_budget
 from gpupool.gateway.reply import Reply
 from gpupool.gateway.tokens import exact_count, tokenize_count
 from gpupool.gateway.transform.chat import (
@@ -265,10 +266,26 @@ class Relay:
         data = await self.open(ex)
         resp = ex.resp
         assert resp is not None
+        if data is None and may_refuse_budget(ex):
+            data = await self._budget_refused(ex)
+            if data is not None:
+                ex.status = "400"
+                return Reply(400, [("content-type", "application/json")], data, after=ex.aclose)
+            resp = ex.resp  # the same answer, its first event put back
+            assert resp is not None
         if data is not None:
             ex.status = str(resp.status)
             return Reply(resp.status, self._headers(resp, ex), data, after=ex.aclose)
         return Reply(resp.status, self._headers(resp, ex), stream=self.events(ex), after=ex.aclose)
+
+    async def _budget_refused(self, ex: Exchange) -> bytes | None:
+        """``peek.budget_refused``; a worker past a bound fails the request (502)."""
+        try:
+            return await budget_refused(ex, self.client, self.registry, self.max_event_bytes)
+        except UpstreamFailure as e:
+            ex.status = "upstream_error"
+            self._broke(ex, e)
+            raise failure_error(e, "before answering") from None
 
     async def events(self, ex: Exchange) -> AsyncIterator[bytes]:
         """The worker's stream as the client sees it; records status and usage on ``ex``."""

@@ -6,7 +6,8 @@ every body it receives.
 * ``chat_template_kwargs.enable_thinking: false`` gives the answer without its thought (the
   template wrote an empty one), as a Qwen3 template does.
 * ``thinking.budget_tokens`` gets vLLM's 400: a worker without a reasoning parser or config
-  cannot end a thought at a budget.
+  cannot end a thought at a budget. Streamed, vLLM answers 200 and then only an ``error``
+  event in pydantic's words (its adapter cannot read the chat's error chunk).
 * ``/tokenize`` counts words, so the gateway's reasoning counts are known numbers.
 """
 
@@ -25,6 +26,12 @@ THOUGHT, ANSWER = "Let me see: 2 plus 2.", "It is 4."
 NO_BUDGET = (
     "thinking_token_budget is set but reasoning_config is not configured. Please set "
     "--reasoning-parser and/or --reasoning-config to use thinking_token_budget."
+)
+
+STREAM_REFUSAL = (
+    "2 validation errors for ChatCompletionStreamResponse\nmodel\n  Field required "
+    "[type=missing, input_value={'error': {'message': 'th...: None, 'code': 400}}, "
+    "input_type=dict]"
 )
 
 Json = dict[str, Any]
@@ -92,6 +99,9 @@ class RawWorker:
         if path == "/v1/messages":
             thinking = body.get("thinking") or {}
             if thinking.get("type") == "enabled":
+                if body.get("stream"):  # vLLM's adapter: a 200, then pydantic's words
+                    error = {"type": "internal_error", "message": STREAM_REFUSAL}
+                    return 200, [_event("error", {"type": "error", "error": error})]
                 error = {"type": "BadRequestError", "message": NO_BUDGET}
                 return 400, {"type": "error", "error": error}
             return 200, self._messages(text, bool(body.get("stream")))
