@@ -40,7 +40,9 @@ _NOT_FOUND = b'{"detail":"Not Found"}'
 _NOT_ALLOWED = b'{"detail":"Method Not Allowed"}'
 _VARY = (b"vary", b"Origin")
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), _VARY]
-_GENERATION = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
+_GENERATION = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"}
+)
 _ENGINE_DEAD = JsonReply(500, SimError().to_json())
 _ENGINE_DEAD_EVENT = render.error_event(SimError()) + render.DONE
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -61,6 +63,8 @@ class SimApp:
             "/v1/chat/completions": {"POST": (s.chat, s.blocking)},
             "/v1/completions": {"POST": (s.completions, s.blocking)},
             "/v1/responses": {"POST": (s.responses, s.blocking)},
+            "/v1/messages": {"POST": (s.messages, s.blocking)},  # vLLM's Anthropic adapter
+            "/v1/messages/count_tokens": {"POST": (s.count_tokens, None)},
             "/health": {"GET": (s.health, hung)},
             "/ping": {"GET": (s.health, hung), "POST": (s.health, hung)},
             "/version": {"GET": (s.version, None)},

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from gpupool.workers.sim import render
+from gpupool.workers.sim import messages, render
 from gpupool.workers.sim.batching import StepEngine
 from gpupool.workers.sim.config import VLLM_VERSION, SimConfig
 from gpupool.workers.sim.engine import Engine
@@ -90,6 +90,34 @@ class SimService:
             return StreamReply(stream(self.engine, self.knobs, job, ChatFormat(job)))
         await run_full(self.engine, job)
         return JsonReply(200, chat_body(job))
+
+    async def messages(self, body: bytes, meta: Meta) -> Reply:
+        """vLLM's Anthropic ``/v1/messages``, over :meth:`chat` (``messages.py``)."""
+        req = messages.parse_messages(body, meta)
+        parser = self.config.reasoning_parser is not None
+        try:
+            chat = messages.chat_request(req, parser)
+        except messages.BudgetRefused as e:
+            if req.stream:  # vLLM refuses it only inside the stream
+                return StreamReply(messages.refused_stream())
+            return JsonReply(e.status, messages.error_body(e.status, e.to_json()))
+        try:
+            reply = await self.chat(orjson.dumps(chat), meta)
+        except SimError as e:
+            return JsonReply(e.status, messages.error_body(e.status, e.to_json()))
+        if isinstance(reply, StreamReply):
+            return StreamReply(messages.message_events(reply.chunks))
+        if reply.status != 200:
+            return JsonReply(reply.status, messages.error_body(reply.status, reply.body))
+        return JsonReply(200, messages.message_body(orjson.loads(reply.body)))
+
+    async def count_tokens(self, body: bytes, meta: Meta) -> Reply:
+        """vLLM's ``/v1/messages/count_tokens``: the chat prompt's tokens."""
+        req = messages.parse_count(body, meta)
+        self.jobs.check_model(req.model)
+        ids = self.tokenizer.encode(render_chat(messages.chat_messages(req), True, False))
+        n = len(ids)
+        return _ok({"input_tokens": n, "context_management": {"original_input_tokens": n}})
 
     async def completions(self, body: bytes, meta: Meta) -> Reply:
         await self._arrive()
