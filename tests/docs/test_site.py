@@ -61,3 +61,12 @@ def test_a_broken_link_fails_the_build(tmp_path: Path, planted: str, complaint: 
     r = build(root, tmp_path / "site")
     assert r.returncode != 0
     assert complaint in r.stderr
+
+
+def test_a_page_left_out_of_the_nav_fails_the_build(tmp_path: Path) -> None:
+    """A new docs/*.md page must be placed in mkdocs.yml's nav, where readers find it."""
+    root = copy_of_the_docs(tmp_path)
+    (root / "docs" / "orphan.md").write_text("# A page nobody can find\n")
+    r = build(root, tmp_path / "site")
+    assert r.returncode != 0
+    assert 'not included in the "nav"' in r.stderr and "orphan.md" in r.stderr
