@@ -145,7 +145,8 @@ def render_config(root: type[BaseModel]) -> str:
             "gpupool/config/models.py): " + ", ".join(missing)
         )
     out.append("## How swap groups are formed\n")
-    out.append(f"From `gpupool/config/swap.py`:\n\n{inspect.getdoc(swap)}\n")
+    doc = (inspect.getdoc(swap) or "").replace("``", "`")
+    out.append(f"From `gpupool/config/swap.py`:\n\n{doc}\n")
     return "\n".join(out)
 
 
@@ -165,7 +166,8 @@ def _commands(group: click.Group, ctx: click.Context) -> Iterator[tuple[click.Co
 
 
 def render_cli(root: click.Group) -> str:
-    ctx = click.Context(root, info_name="gpupool", terminal_width=100, max_content_width=100)
+    settings = {**root.context_settings, "terminal_width": 100, "max_content_width": 100}
+    ctx = click.Context(root, info_name="gpupool", **settings)
     out = ["# Command line\n", BANNER,
            "Every `gpupool` command's `--help`, as the installed command prints it.\n",
            "## gpupool\n", f"```text\n{ctx.get_help()}\n```\n"]  # fmt: skip
