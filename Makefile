@@ -23,7 +23,7 @@ LINT_PATHS := gpupool tests bench scripts docker/grafana
 # The documentation site (mkdocs.yml): `make docs` serves it with live reload; `make docs-build`
 # writes site/, which opens offline. `make docs-ref` regenerates the reference pages from the code
 # (config fields, commands, metrics, endpoints); `make test` fails when they differ.
-DOCS_ADDR ?= 127.0.0.1:8001
+DOCS_ADDR ?= 127.0.0.1:8008
 
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr $(DOCS_ADDR)
