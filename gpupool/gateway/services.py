@@ -41,6 +41,9 @@ from gpupool.workers.supervisor.supervisor import Supervisor
 from gpupool.workers.swap.controller import SwapController
 
 log = logging.getLogger("gpupool")
+# after a drain's deadline cut its requests, the time they take to give their slots back (a move
+# gives the old slot back before it queues for a new one) before the stop goes on regardless
+MOVE_GRACE_S = 5.0
 
 
 class RegistryView:
@@ -136,13 +139,38 @@ class Services:
             self.metrics.inflight.labels(w.model, w.name).set(w.inflight)
         record_asleep(self.registry, self.metrics)
 
-    async def drain(self, worker: Worker, timeout_s: float) -> None:
-        if worker.supervised:
-            await self.supervisor.drain(worker.name, timeout_s)
-            return
-        self.registry.transition(worker, WorkerState.draining)
-        await self.registry.wait_idle(worker, timeout_s)
-        self.registry.transition(worker, WorkerState.stopped)
+    async def drain(self, worker: Worker, timeout_s: float, cause: str = "drain") -> None:
+        """Stop new traffic to ``worker``; its running requests finish, or at ``timeout_s``
+        move to another worker (``_at_deadline``); then it stops."""
+        deadline = asyncio.create_task(self._at_deadline(worker, timeout_s, cause))
+        try:
+            if worker.supervised:
+                await self.supervisor.drain(worker.name, timeout_s + MOVE_GRACE_S)
+                return
+            self.registry.transition(worker, WorkerState.draining)
+            await self.registry.wait_idle(worker, timeout_s + MOVE_GRACE_S)
+            self.registry.transition(worker, WorkerState.stopped)
+        finally:
+            deadline.cancel()
+
+    async def restart(self, worker: Worker, timeout_s: float) -> None:
+        """Restart a launched worker: drained with a deadline (its requests still running
+        then move to another worker), then started again."""
+        if worker.state in (WorkerState.ready, WorkerState.draining):
+            await self.drain(worker, timeout_s, "restart")
+        await self.supervisor.restart(worker.name)
+
+    async def _at_deadline(self, worker: Worker, timeout_s: float, cause: str) -> None:
+        """At a drain's or restart's deadline, the requests still running on ``worker`` have
+        their connections cut with ``cause``: they continue on another worker where they may
+        (``pipeline/migrate.py``), else end with an error as the stop would end them."""
+        await asyncio.sleep(timeout_s)
+        while worker.state is WorkerState.ready:  # the supervisor's drain has not begun yet
+            await asyncio.sleep(0.01)
+        if worker.state is WorkerState.draining and worker.inflight and worker.url:
+            log.info("worker %s: %s deadline (%g s) with %d requests running: they move",
+                     worker.name, cause, timeout_s, worker.inflight)  # fmt: skip
+            self.client.abort(worker.url, cause)
 
     async def undrain(self, worker: Worker) -> None:
         if worker.supervised:

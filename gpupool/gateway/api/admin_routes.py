@@ -117,8 +117,8 @@ async def get_worker(request: Request) -> ASGIApp:
 
 
 async def drain(request: Request) -> ASGIApp:
-    """Stop sending the worker new requests; its running ones finish (``?timeout_s=``, 300 by
-    default)."""
+    """Stop sending the worker new requests; its running ones finish, or at ``?timeout_s=``
+    (300 by default) move to another worker (docs/migration.md)."""
     w, svc = _worker(request), services(request)
     timeout = _query(request, {"timeout_s": seconds(MAX_DRAIN_S)}).get("timeout_s", 300.0)
     await svc.drain(w, timeout)
@@ -134,12 +134,14 @@ async def undrain(request: Request) -> ASGIApp:
 
 
 async def restart(request: Request) -> ASGIApp:
-    """Restart a launched worker (drained first); 400 for a ``url:`` worker."""
-    _query(request, {})
+    """Restart a launched worker, drained first: its running requests finish within
+    ``?timeout_s=`` (0 by default: at once) or then move to another worker
+    (docs/migration.md); 400 for a ``url:`` worker."""
+    timeout = _query(request, {"timeout_s": seconds(MAX_DRAIN_S)}).get("timeout_s", 0.0)
     w, svc = _worker(request), services(request)
     if not w.supervised:
         raise BadRequest(f"Worker `{w.name}` is not launched by gpupool; it cannot be restarted.")
-    await svc.supervisor.restart(w.name)
+    await svc.restart(w, timeout)
     return ReplyResponse(Reply.json(200, worker_status(w, svc.swap)))
 
 
