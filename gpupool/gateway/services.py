@@ -44,6 +44,7 @@ log = logging.getLogger("gpupool")
 # after a drain's deadline cut its requests, the time they take to give their slots back (a move
 # gives the old slot back before it queues for a new one) before the stop goes on regardless
 MOVE_GRACE_S = 5.0
+_BEGIN_POLLS = 500  # x 10 ms: the longest a deadline waits for its drain to mark the worker
 
 
 class RegistryView:
@@ -165,7 +166,9 @@ class Services:
         their connections cut with ``cause``: they continue on another worker where they may
         (``pipeline/migrate.py``), else end with an error as the stop would end them."""
         await asyncio.sleep(timeout_s)
-        while worker.state is WorkerState.ready:  # the supervisor's drain has not begun yet
+        for _ in range(_BEGIN_POLLS):  # a supervisor's drain that has not begun yet
+            if worker.state is not WorkerState.ready:
+                break
             await asyncio.sleep(0.01)
         if worker.state is WorkerState.draining and worker.inflight and worker.url:
             log.info("worker %s: %s deadline (%g s) with %d requests running: they move",
