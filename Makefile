@@ -6,7 +6,7 @@ VLLM_VENV := .venv-vllm
 MODELS := .models
 STAMP := $(VENV)/.installed
 
-.PHONY: install run docs docs-build docs-ref test lint typecheck unit vllm-setup models ops-deps docker-deps docker-test bench-deps bench bench-routing bench-throughput gpu-bundle clean
+.PHONY: install run docs docs-build docs-ref test check test-stress lint typecheck unit vllm-setup models ops-deps docker-deps docker-test bench-deps bench bench-routing bench-throughput gpu-bundle clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -65,9 +65,25 @@ docker-test: install docker-deps ops-deps
 unit: install
 	$(BIN)/pytest -q -m "not vllm"
 
+# Every run ends with the 30 slowest tests and the time per test folder (tests/support/timing.py).
+TIMING ?= --timing=30
+
+# The gate: lint, types and every test, real vLLM, Docker and the browser included.
 test: install lint typecheck models ops-deps docker-deps
 	GPUPOOL_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python GPUPOOL_TINY_MODELS=$(CURDIR)/$(MODELS) \
-		$(BIN)/pytest -q
+		$(BIN)/pytest -q $(TIMING)
+
+# The inner loop (DEVELOPING.md): lint, types and every test that needs no real vLLM, Docker or
+# browser, on JOBS pytest-xdist workers (tests/support/parallel.py keeps each file on one worker).
+JOBS ?= 3
+check: install lint typecheck
+	$(BIN)/pytest -q -n $(JOBS) -m "not (vllm or docker or browser)" --timing=10
+
+# The tests marked `timing` N times beside two CPU burners (scripts/stress_tests.sh).
+N ?= 5
+test-stress: install
+	GPUPOOL_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python GPUPOOL_TINY_MODELS=$(CURDIR)/$(MODELS) \
+		bash scripts/stress_tests.sh $(N)
 
 # wrk and nginx for the bench's wrk phase; without them (no root) that phase reports why and the
 # others run.

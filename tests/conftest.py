@@ -14,6 +14,8 @@ import pytest
 
 from tests.support.procs import free_port
 
+pytest_plugins = ("tests.support.timing", "tests.support.parallel")
+
 
 class RedisServer:
     """One ``redis-server`` on a loopback port; ``kill`` is SIGKILL, ``start`` restarts it empty."""

@@ -16,6 +16,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.support.procs import free_port
+
 DOMAIN = "gpupool.test"
 
 
@@ -24,9 +26,15 @@ def dnsmasq_binary() -> str | None:
 
 
 def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port free for both UDP and TCP (dnsmasq listens on both), picked like every test port."""
+    while True:
+        port = free_port()
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
 
 
 class Dnsmasq:

@@ -44,6 +44,7 @@ PROJECT = "gpupool-test"
 VLLM_IMAGE_ORDER_BYTES = 10 * 10**9  # the official vllm/vllm-openai image: 10+ GB
 
 pytestmark = [
+    pytest.mark.docker,
     pytest.mark.skipif(why_no_engine() is not None, reason=str(why_no_engine())),
     # the first test also builds the images: debootstrap (first run), wheels, the build
     pytest.mark.timeout(1800),

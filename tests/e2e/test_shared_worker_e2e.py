@@ -2,10 +2,12 @@
 four slots, two tenants by key, plain HTTP.
 
 `batch` holds three slots (the fourth is the reserved seat: `chat` was active) and has more
-waiting; `chat` then runs in the seat for 1.5 s. One of batch's requests ends at 0.3 s. With
-`queue.shared_share` 0.5 batch, holding half the worker beside chat's request, takes no more
-there: its next request starts only after chat's ended. With 1.0 it refills at once. Every slot
-is back afterwards.
+waiting; `chat` then runs in the seat for 2 s. Once chat's request runs, one of batch's leaves
+(its client hangs up). With `queue.shared_share` 0.5 batch, holding half the worker beside
+chat's request, takes no more there: its next request starts only after chat's ended. With 1.0
+it refills at once. Every slot is back afterwards. Each step waits for the gateway to show the
+one before (in flight, queued), so a loaded machine only makes it slower; with 1.0, `next` must
+start within chat's 2 s after batch's hang-up.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.hostile_tools import assert_nothing_held, held
 from tests.support.procs import gateway, running, sim
 
 MODEL = "m"
+pytestmark = pytest.mark.timing
 
 
 @pytest.fixture(params=[0.5, 1.0], ids=["shared", "off"])
@@ -53,30 +57,41 @@ def test_a_batch_does_not_refill_the_worker_an_interactive_request_runs_on(
         done[name] = time.monotonic()
 
     async def scenario() -> None:
-        async with httpx.AsyncClient(timeout=30) as client:
+        async with httpx.AsyncClient(timeout=60) as client:
             await send(client, "hello", "chat-team", 0)  # chat is active: a seat is kept
-            tasks = [asyncio.create_task(send(client, "b0", "batch-team", 300))]
-            tasks += [asyncio.create_task(send(client, f"b{i}", "batch-team", 3000))
-                      for i in (1, 2)]  # fmt: skip
+            batch = [asyncio.create_task(send(client, f"b{i}", "batch-team", 60_000))
+                     for i in range(3)]  # fmt: skip
             await _until(stack["url"], 3)
-            tasks.append(asyncio.create_task(send(client, "next", "batch-team", 0)))  # waits
-            await asyncio.sleep(0.05)
-            tasks.append(asyncio.create_task(send(client, "chat", "chat-team", 1500)))
-            await asyncio.gather(*tasks)
+            after = [asyncio.create_task(send(client, "next", "batch-team", 0))]
+            await _until_queued(stack["url"], 1)
+            after.append(asyncio.create_task(send(client, "chat", "chat-team", 2000)))
+            await _until(stack["url"], 4)  # chat's request runs in the seat
+            batch[0].cancel()  # b0's client leaves: its slot is free
+            await asyncio.gather(*after)
+            for task in batch[1:]:
+                task.cancel()
+            await asyncio.gather(*batch, return_exceptions=True)
 
     asyncio.run(scenario())
-    assert done["b0"] < done["chat"]
+    assert "b0" not in done
     if stack["shared"]:
         assert done["next"] > done["chat"]  # no new prefill beside chat's request
     else:
         assert done["next"] < done["chat"]  # refilled as soon as b0 ended
-    assert _inflight(stack["url"]) == 0
+    assert_nothing_held(stack["url"])
 
 
 async def _until(base: str, inflight: int) -> None:
     deadline = time.monotonic() + 10
     while _inflight(base) != inflight:
         assert time.monotonic() < deadline, f"in flight: {_inflight(base)}"
+        await asyncio.sleep(0.01)
+
+
+async def _until_queued(base: str, depth: int) -> None:
+    deadline = time.monotonic() + 10
+    while sum(held(base)["queued"].values()) != depth:
+        assert time.monotonic() < deadline, f"queued: {held(base)['queued']}"
         await asyncio.sleep(0.01)
 
 

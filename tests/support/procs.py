@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -20,10 +22,47 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# Ports for the tests' servers come from below the kernel's ephemeral range (32768-60999 here),
+# so no outgoing connection takes one between the pick and the server's bind, and every test
+# process on the machine (xdist workers, other checkouts' runs) records its picks in one file
+# under a lock, so two of them never hand out the same port within PORT_HOLD_S.
+PORTS = range(20000, 32000)
+PORT_HOLD_S = 300.0
+PORT_FILE = Path(tempfile.gettempdir()) / "gpupool-test-ports"
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback TCP port that nothing listens on and no test process picked lately."""
+    with open(PORT_FILE, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
+        f.seek(0)
+        now = time.time()
+        recent = {}
+        for line in f.read().split("\n"):
+            port, _, at = line.partition(" ")
+            with contextlib.suppress(ValueError):
+                if now - float(at) < PORT_HOLD_S:
+                    recent[int(port)] = float(at)
+        port = _bindable(set(recent))
+        recent[port] = now
+        f.seek(0)
+        f.truncate()
+        f.write("".join(f"{p} {at}\n" for p, at in recent.items()))
+    return port
+
+
+def _bindable(taken: set[int]) -> int:
+    for _ in range(1000):
+        port = random.choice(PORTS)
+        if port in taken:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in {PORTS} after 1000 tries")
 
 
 def wait_http(url: str, timeout: float = 30.0, status: int = 200) -> None:

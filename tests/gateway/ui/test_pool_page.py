@@ -19,7 +19,7 @@ from tests.gateway.ui.browser import chromium, console_errors, need_chromium, sc
 from tests.gateway.ui.pool import ADMIN, ADMIN_H, CLIENT, OTHER, Pool, pool
 from tests.support.hostile_tools import assert_nothing_held
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 
 
 @pytest.fixture(scope="module")

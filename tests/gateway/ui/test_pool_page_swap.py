@@ -17,7 +17,7 @@ from tests.gateway.ui.test_pool_page import _changes, _press, _state, _text
 from tests.support.hostile_tools import assert_nothing_held
 from tests.support.procs import Proc
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import huggingface_hub.constants
 import pytest
 
 from gpupool.workers.planner.errors import ModelNotFoundError
@@ -68,6 +69,9 @@ def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     monkeypatch.delenv("HF_HUB_OFFLINE")
+    # huggingface_hub reads HF_HUB_OFFLINE once, at its import: where an earlier test of this
+    # process imported it offline (the planner's fixture sets HF_HUB_OFFLINE=1), say online here
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setenv("HF_ENDPOINT", server.url)
     yield server
     server.shutdown()

@@ -7,7 +7,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -30,6 +29,7 @@ from gpupool.workers.sim.app import create_sim_app
 from gpupool.workers.sim.config import SimConfig
 from gpupool.workers.sim.reasoning import Qwen3Splitter, split_all
 from gpupool.workers.sim.text import chunk_chars
+from tests.support.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 FINGERPRINT = re.compile(r"vllm-0\.32\.0-[0-9a-f]{8}")
@@ -536,9 +536,7 @@ async def test_request_id_header_names_the_response(http: httpx.AsyncClient) -> 
 @contextmanager
 def sim_process(*args: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """``python -m gpupool.workers.sim`` on a free port, healthy; killed at the end."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpupool.workers.sim", "--port", str(port), *args],
         cwd=ROOT,

@@ -1,0 +1,82 @@
+"""How ``make test`` spreads the suite over pytest-xdist workers (``-n N``), correctly on 2 cores.
+
+A pytest plugin (loaded by ``tests/conftest.py``); it changes nothing without ``-n``.
+
+* **A test file is one unit of work**, run whole on one worker in its own order, so a module's
+  fixtures (a gateway, a Redis, a browser) start once, as they do without xdist.
+* **Heavy files share one unit** (:data:`HEAVY`): the real-vLLM suite (its session fixture
+  starts two vLLM CPU workers, which must start once and never beside a second pair) and
+  the Docker stack (a private dockerd building images) would each take both cores; in one unit
+  they run one after the other on one worker while the other workers run the light files.
+* **Longest first.** Each time a worker asks for work it gets the unit expected to take the
+  longest (:data:`DURATIONS`, seconds per file measured by ``--timing-json``; a file not in it
+  counts :data:`NEW_FILE_S` per test), so no long file starts last and leaves the others idle.
+
+Ports come from ``tests/support/procs.free_port`` (one lock file for every test process on the
+machine), state from ``tmp_path``: nothing else is shared between workers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# Files whose tests each need most of the machine: one unit, so one worker, one at a time.
+HEAVY = ("tests/vllm/", "tests/deploy/test_stack.py")
+HEAVY_UNIT = "heavy: real vLLM and Docker"
+DURATIONS = Path(__file__).with_name("durations.json")
+NEW_FILE_S = 1.0
+
+
+def unit_of(nodeid: str) -> str:
+    """The unit of work ``nodeid`` belongs to: its file, or :data:`HEAVY_UNIT`."""
+    path = nodeid.split("::", 1)[0]
+    return HEAVY_UNIT if path.startswith(HEAVY) else path
+
+
+def expected_seconds(nodeids: list[str], measured: dict[str, float]) -> dict[str, float]:
+    """Each unit's expected seconds: measured per file, else :data:`NEW_FILE_S` per test."""
+    files = Counter(nodeid.split("::", 1)[0] for nodeid in nodeids)
+    cost: Counter[str] = Counter()
+    for path, count in files.items():
+        cost[unit_of(path)] += measured.get(path, NEW_FILE_S * count)
+    return dict(cost)
+
+
+def _measured() -> dict[str, float]:
+    try:
+        data: dict[str, float] = json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data
+
+
+def _scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LongestFileFirst(LoadScopeScheduling):
+        """xdist's scope scheduling with :func:`unit_of` as the scope, longest unit first."""
+
+        cost: dict[str, float] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if self.cost is None:
+                self.cost = expected_seconds(list(self.collection or ()), _measured())
+            cost = self.cost
+            longest = max(self.workqueue, key=lambda unit: cost.get(unit, 0.0))
+            self.workqueue.move_to_end(longest, last=False)
+            super()._assign_work_unit(node)
+
+    return LongestFileFirst(config, log)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    return _scheduler(config, log)
