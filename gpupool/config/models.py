@@ -338,6 +338,27 @@ class DiscoverConfig(_Strict):
         return self
 
 
+class WorkerKvEvents(_Strict):
+    """Where a `url:` worker publishes its KV-cache events (it was started with
+    `--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint":
+    "tcp://*:PORT", "replay_endpoint": "tcp://*:PORT2"}'`)."""
+
+    endpoint: str = Field(..., pattern=r"^tcp://", description="Its PUB socket: tcp://host:port.")
+    replay_endpoint: str | None = Field(
+        None, pattern=r"^tcp://", description="Its replay socket (gaps are filled from it)."
+    )
+    topic: str = Field("", description="The topic it publishes under.")
+    hash_seed: str | None = Field(
+        None,
+        description="The worker's PYTHONHASHSEED; omit when unset (vLLM's fixed seed for sha256).",
+    )
+    tokenizer: str | None = Field(
+        None,
+        description="The model directory (tokenizer.json, chat template) vLLM reads; without "
+        "one (and no launched worker of the model) routing stays approximate.",
+    )
+
+
 class WorkerConfig(_Strict):
     name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9_.-]+$", description="Worker name.")
     model: str = Field(..., min_length=1, description="A model name from `models`.")
@@ -363,6 +384,9 @@ class WorkerConfig(_Strict):
         description="vLLM sleep mode: launched workers get `--enable-sleep-mode` and "
         "`VLLM_SERVER_DEV_MODE=1`; `url:` workers must have been started so. Implied (level 1) "
         "for a worker in a `swap_group`.",
+    )
+    kv_events: WorkerKvEvents | None = Field(
+        None, description="A `url:` worker's KV-cache events (precise prefix routing)."
     )
     swap_group: str | None = Field(
         None,
@@ -446,6 +470,44 @@ class QueueConfig(_Strict):
     )
 
 
+class KvEventsConfig(_Strict):
+    """Precise prefix routing from vLLM's KV-cache events (docs/routing-kv-events.md)."""
+
+    enabled: bool = Field(
+        False,
+        description="Launched vLLM workers publish their KV-cache events (`--kv-events-config` "
+        "on free ports, a fixed PYTHONHASHSEED) and routing prefers the worker that holds the "
+        "longest part of a request's prompt, as the events say. `url:` workers need their own "
+        "`kv_events` entry.",
+    )
+    hash_seed: str = Field(
+        "0",
+        min_length=1,
+        description="PYTHONHASHSEED given to launched workers (unless `launch.env` sets one): "
+        "the seed of vLLM's first block hash, which the gateway must know.",
+    )
+    max_blocks_per_worker: int = Field(
+        1_000_000,
+        gt=0,
+        description="Most blocks indexed per worker (a block is ~100 bytes here); the worker's "
+        "own block count when vLLM shows a smaller one.",
+    )
+    pending_s: float = Field(
+        30.0,
+        gt=0,
+        description="A request just placed counts as the blocks it will store for this long "
+        "(until vLLM's events say they are stored).",
+    )
+    max_lead: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="The worker with the most of a prompt cached keeps it while at most this "
+        "share of its capacity busier than the least busy candidate (0: only among the least "
+        "busy, the throughput guard's rule).",
+    )
+
+
 class RoutingConfig(_Strict):
     retries: int = Field(2, ge=0, description="Other workers tried before the first byte.")
     migrations: int = Field(
@@ -516,6 +578,9 @@ class RoutingConfig(_Strict):
         10.0, gt=0, description="A health check slower than this fails (vLLM on busy CPUs is slow)."
     )
     default_capacity: int = Field(64, gt=0, description="Capacity when nothing else says.")
+    kv_events: KvEventsConfig = Field(
+        default_factory=KvEventsConfig, description="Precise prefix routing (KV-cache events)."
+    )
 
 
 class ApiKey(_Strict):

@@ -163,6 +163,7 @@ WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60
 
 WORKER_STATES = ("starting", "warming", "ready", "draining", "stopped", "failed",
                  "falling_asleep", "asleep", "waking")  # fmt: skip
+KV_ERROR_BUCKETS = (0.0, 16.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0, 16384.0)
 SWITCH_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -260,6 +261,38 @@ class Metrics:
         self.asleep_seconds = Gauge(
             "gpupool_worker_asleep_seconds", "Seconds the worker has spent asleep in all.",
             mw, registry=r,
+        )  # fmt: skip
+        # precise prefix routing (gateway/kvroute, workers/kvevents)
+        self.kv_routed = Counter(
+            "gpupool_kv_routed_requests", "Requests by how prefix routing knew the caches: "
+            "precise (KV events), or approximate and why.", ["model", "mode"], registry=r,
+        )  # fmt: skip
+        self.kv_predictions = Counter(
+            "gpupool_kv_predictions", "Precisely routed requests by how the predicted cached "
+            "tokens compared with vLLM's reported cached_tokens (exact|over|under).",
+            [*mw, "outcome"], registry=r,
+        )  # fmt: skip
+        self.kv_prediction_error = Histogram(
+            "gpupool_kv_prediction_error_tokens", "|predicted - reported| cached tokens.",
+            ["model"], buckets=KV_ERROR_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.kv_blocks = Gauge(
+            "gpupool_kv_indexed_blocks", "Blocks the worker's index holds (from its KV events).",
+            mw, registry=r,
+        )  # fmt: skip
+        self.kv_events = Gauge(
+            "gpupool_kv_event_batches", "KV-event batches applied since start (a counter; "
+            "rate() gives events per second).", mw, registry=r,
+        )  # fmt: skip
+        self.kv_gaps = Gauge("gpupool_kv_event_gaps", "Sequence gaps seen since start.", mw,
+                             registry=r)  # fmt: skip
+        self.kv_resyncs = Gauge(
+            "gpupool_kv_event_resyncs", "Gaps the replay could not fill (index dropped) since "
+            "start.", mw, registry=r,
+        )  # fmt: skip
+        self.kv_precise = Gauge(
+            "gpupool_kv_worker_precise", "1 while the worker is routed on its KV events.", mw,
+            registry=r,
         )  # fmt: skip
 
         self._served: dict[tuple[str, str], Served] = {}

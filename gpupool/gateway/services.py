@@ -16,6 +16,8 @@ from gpupool.config.models import GpupoolConfig, ModelConfig, WorkerConfig
 from gpupool.gateway.admission.base import Admission
 from gpupool.gateway.admission.factory import build_admission, new_replica_id
 from gpupool.gateway.catalog import Catalog
+from gpupool.gateway.kvroute.predict import KvRouting
+from gpupool.gateway.kvroute.setup import build_kv, kv_source, record_kv
 from gpupool.gateway.metrics import Metrics
 from gpupool.gateway.pipeline.pipeline import Pipeline
 from gpupool.gateway.routing.policy import Router
@@ -84,6 +86,7 @@ def make_worker(wc: WorkerConfig, model: ModelConfig, default_capacity: int) -> 
         media=media,
         gpus=wc.launch.gpus if wc.launch else None,
         reasoning_parser=worker_reasoning_parser(wc, model),
+        kv_source=kv_source(wc),
     )
 
 
@@ -110,6 +113,7 @@ class Services:
     restarts_seen: dict[str, int] = field(default_factory=dict)
     config_path: str | Path | None = None
     discovery: Discovery | None = None  # workers found by DNS (workers[].discover)
+    kv: KvRouting | None = None  # precise prefix routing (routing.kv_events)
     _sd_writer: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="gpupool-sd")
     )
@@ -138,6 +142,8 @@ class Services:
             self.metrics.worker_waiting.labels(w.model, w.name).set(w.vllm_waiting)
             self.metrics.worker_kv.labels(w.model, w.name).set(w.kv_usage)
             self.metrics.inflight.labels(w.model, w.name).set(w.inflight)
+        if self.kv is not None:
+            record_kv(self.kv, self.registry, self.metrics)
         record_asleep(self.registry, self.metrics)
 
     async def drain(self, worker: Worker, timeout_s: float, cause: str = "drain") -> None:
@@ -188,6 +194,9 @@ class Services:
         if self.swap is not None:
             await self.swap.close()
         await self.supervisor.stop()
+        if self.kv is not None:
+            self.kv.close()
+            await self.kv.pool.aclose()
         await self.poller.close()
         await self.admission.close()
         await self.key_limits.aclose()
@@ -237,6 +246,7 @@ def build_services(
     for wc in (wc for wc in cfg.workers if wc.discover is None):
         registry.add(make_worker(wc, cfg.model(wc.model), cfg.routing.default_capacity))
     metrics = Metrics()
+    kv = build_kv(cfg, registry, metrics)  # before the supervisor: its listener sees every change
     server = cfg.server
     client = UpstreamClient(
         server.upstream_connect_timeout_s,
@@ -255,16 +265,18 @@ def build_services(
         registry, launched, cfg.server, client.session, gpu_cache_keys=cache_keys,
         health_interval_s=cfg.routing.health_interval_s, fail_threshold=cfg.routing.fail_threshold,
         health_timeout_s=cfg.routing.health_timeout_s, models=cfg.models,
+        kv_seed=routing.kv_events.hash_seed if routing.kv_events.enabled else None,
     )  # fmt: skip
     key_limits = KeyLimits.from_config(cfg)
     auth = Authenticator(cfg.auth)
     key_requests = KeyRequests(auth.knows)
     pipeline = Pipeline(cfg, registry, catalog, router, admission, client, metrics, key_limits,
-                        key_requests=key_requests)  # fmt: skip
+                        key_requests=key_requests, kv=kv)  # fmt: skip
     services = Services(
         cfg, registry, catalog, metrics, client, admission, pipeline, poller, supervisor,
         key_limits, replica, config_path=config_path, auth=auth, key_requests=key_requests,
     )  # fmt: skip
+    services.kv = kv
     services.swap = build_swap(cfg, registry, client, metrics, supervisor, poller,
                                pipeline.slots)  # fmt: skip
     registry.on_change(services.on_worker_change)

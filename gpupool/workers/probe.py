@@ -5,6 +5,7 @@ Shared by the remote poller (``url:`` workers) and the supervisor (``launch:`` w
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import aiohttp
@@ -15,6 +16,7 @@ _WANTED = {
     "vllm:num_requests_running": "running",
     "vllm:kv_cache_usage_perc": "kv_usage",
 }
+_CACHE_INFO = "vllm:cache_config_info"
 
 
 @dataclass(slots=True)
@@ -29,11 +31,37 @@ class ProbeResult:
         return self.healthy and self.serves_model
 
 
+@dataclass(slots=True, frozen=True)
+class CacheInfo:
+    """vLLM's cache settings from its ``vllm:cache_config_info`` labels: what precise prefix
+    routing must share with the worker to name its blocks."""
+
+    block_size: int | None
+    hash_algo: str
+    prefix_caching: bool
+    num_blocks: int | None
+    hybrid: bool  # a second kind of cache (Mamba state): blocks hash at another size
+
+    @classmethod
+    def from_labels(cls, labels: dict[str, str]) -> CacheInfo:
+        def number(key: str) -> int | None:
+            value = labels.get(key, "")
+            return int(value) if value.isdigit() else None
+
+        hybrid = labels.get("mamba_block_size", "None") != "None" or (
+            labels.get("hash_block_size", "None") not in ("None", labels.get("block_size"))
+        )
+        return cls(number("block_size"), labels.get("prefix_caching_hash_algo", "sha256"),
+                   labels.get("enable_prefix_caching") == "True", number("num_gpu_blocks"),
+                   hybrid)  # fmt: skip
+
+
 @dataclass(slots=True)
 class VllmLoad:
     waiting: float = 0.0
     running: float = 0.0
     kv_usage: float = 0.0
+    cache: CacheInfo | None = None
 
 
 async def probe(
@@ -70,7 +98,7 @@ def _read_cards(body: object, model: str) -> ProbeResult:
 # about 0.5 KB in 1 ms instead of about 50 KB in 7 ms, time the worker's API server would
 # otherwise spend every scrape period, and text the gateway would parse. A server that ignores the
 # filter sends everything, which reads the same.
-FILTERED_METRICS = "/metrics/?" + "&".join(f"name[]={name}" for name in _WANTED)
+FILTERED_METRICS = "/metrics/?" + "&".join(f"name[]={name}" for name in [*_WANTED, _CACHE_INFO])
 
 
 async def scrape_load(
@@ -116,6 +144,9 @@ def parse_load(text: str) -> VllmLoad:
         if not line.startswith("vllm:"):
             continue
         name, _, rest = line.partition("{")
+        if name == _CACHE_INFO:
+            load.cache = CacheInfo.from_labels(_labels(rest.rpartition("}")[0]))
+            continue
         attr = _WANTED.get(name)
         if attr is None:
             continue
@@ -125,3 +156,10 @@ def parse_load(text: str) -> VllmLoad:
             continue
         setattr(load, attr, getattr(load, attr) + value)
     return load
+
+
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def _labels(text: str) -> dict[str, str]:
+    return dict(_LABEL.findall(text))

@@ -14,6 +14,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from gpupool.workers.kvevents.source import KvSource
+from gpupool.workers.probe import CacheInfo
+
 
 class WorkerState(StrEnum):
     starting = "starting"
@@ -85,6 +88,10 @@ class Worker:
     # frozen in vLLM, until its wake resumes them (then None, and ``resumed_at`` that time)
     paused_since: float | None = None
     resumed_at: float = 0.0
+    # KV-cache events (``workers/kvevents``): where they come from, and vLLM's cache settings
+    # as its /metrics last showed them (block size, hash algorithm, prefix caching)
+    kv_source: KvSource | None = None
+    cache_info: CacheInfo | None = None
 
     @property
     def paused(self) -> int:

@@ -88,4 +88,6 @@ class RemotePoller:
         before = (w.inflight, w.requests_total)
         load = await scrape_load(self.session, w.url, unfiltered=self._unfiltered)
         if load is not None:
+            if load.cache is not None:
+                w.cache_info = load.cache
             self.registry.scraped(w.name, load.waiting, load.running, load.kv_usage, before)

@@ -19,6 +19,8 @@ from gpupool.config.swap import no_reload
 from gpupool.gateway.api.endpoint import Endpoint, services
 from gpupool.gateway.api.responses import ReplyResponse
 from gpupool.gateway.errors import BadRequest, InvalidBody, NotFound
+from gpupool.gateway.kvroute.predict import KvRouting
+from gpupool.gateway.kvroute.predict import status as kv_status
 from gpupool.gateway.reload import reload_config
 from gpupool.gateway.reply import Reply
 from gpupool.gateway.security.keys import key_name
@@ -27,10 +29,13 @@ from gpupool.workers.registry import Worker
 from gpupool.workers.swap.controller import SwapController
 
 
-def worker_status(w: Worker, swap: SwapController | None = None) -> dict[str, Any]:
-    """One worker as ``/admin/workers`` shows it; ``swap``: a group member's checks too."""
+def worker_status(
+    w: Worker, swap: SwapController | None = None, kv: KvRouting | None = None
+) -> dict[str, Any]:
+    """One worker as ``/admin/workers`` shows it; ``swap``: a group member's checks too;
+    ``kv``: whether it is routed on its KV-cache events (docs/routing-kv-events.md)."""
     uptime = w.uptime_s()
-    return {
+    out = {
         "name": w.name,
         "model": w.model,
         "state": w.state.value,
@@ -53,6 +58,9 @@ def worker_status(w: Worker, swap: SwapController | None = None) -> dict[str, An
                  "running": w.vllm_running},
         "swap": swap.member_view(w.name) if swap is not None and w.swap_group else None,
     }  # fmt: skip
+    if kv is not None:
+        out["kv"] = kv_status(kv, w)  # precise prefix routing (docs/routing-kv-events.md)
+    return out
 
 
 MAX_DRAIN_S = 24 * 3600.0
@@ -106,14 +114,15 @@ async def list_workers(request: Request) -> ASGIApp:
     and log lines, vLLM's KV usage and waiting count."""
     _query(request, {})
     svc = services(request)
-    data = [worker_status(w, svc.swap) for w in svc.registry]
+    data = [worker_status(w, svc.swap, svc.kv) for w in svc.registry]
     return ReplyResponse(Reply.json(200, {"object": "list", "data": data}))
 
 
 async def get_worker(request: Request) -> ASGIApp:
     """One worker, as in the list."""
     _query(request, {})
-    return ReplyResponse(Reply.json(200, worker_status(_worker(request), services(request).swap)))
+    svc = services(request)
+    return ReplyResponse(Reply.json(200, worker_status(_worker(request), svc.swap, svc.kv)))
 
 
 async def drain(request: Request) -> ASGIApp:

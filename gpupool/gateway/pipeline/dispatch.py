@@ -7,6 +7,7 @@ errors (:func:`failure_error`): a worker's address or a traceback never reaches 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from gpupool.config.models import RoutingConfig
 from gpupool.gateway.errors import (
@@ -20,7 +21,6 @@ from gpupool.gateway.pipeline.exchange import Exchange
 from gpupool.gateway.pipeline.migrate import Migrator
 from gpupool.gateway.pipeline.prefill import PrefillGate
 from gpupool.gateway.pipeline.slots import Slots
-from gpupool.gateway.routing.policy import RouteRequest
 from gpupool.gateway.upstream.client import DataPath, UpstreamFailure
 from gpupool.workers.registry import Registry, Worker
 
@@ -133,10 +133,8 @@ class Dispatcher:
             r = ex.plan.route
             at_least = (worker.window or 0) + 1 - (r.max_tokens or 1)  # what the 400 proves
             self.candidates.router.tokens.learn(r.model, len(ex.plan.body), at_least)
-            ex.plan.route = RouteRequest(
-                r.model, max(r.prompt_tokens, worker.window or 0), True, r.max_tokens,
-                r.image, r.video, r.audio, r.prefix_key,
-            )  # fmt: skip
+            ex.plan.route = replace(r, prompt_tokens=max(r.prompt_tokens, worker.window or 0),
+                                    exact=True)  # fmt: skip
             return "context_length"
         return None
 

@@ -22,10 +22,12 @@ import orjson
 
 from gpupool.config.models import ModelConfig
 from gpupool.gateway.admission.base import Lease, Ticket
+from gpupool.gateway.kvroute.predict import observe
 from gpupool.gateway.routing.policy import RouteRequest
 from gpupool.gateway.transform.chat import TransformOptions
 
 if TYPE_CHECKING:
+    from gpupool.gateway.kvroute.predict import KvRouting
     from gpupool.gateway.metrics import Metrics
     from gpupool.gateway.pipeline.kinds import Kind
     from gpupool.gateway.pipeline.prefill import Turn
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
 _VLLM_USAGE = re.compile(
     rb'"usage":\{"prompt_tokens":(\d+),"total_tokens":\d+,"completion_tokens":(\d+)'
 )
+_CACHED = re.compile(rb'"prompt_tokens_details":\{"cached_tokens":(\d+)')
 
 
 @dataclass(slots=True)
@@ -83,8 +86,8 @@ class Plan:
 
 
 class Exchange:
-    __slots__ = ("_closed", "_deps", "completion", "hold", "lease", "plan", "prompt", "resp",
-                 "status", "turn", "usage_body")  # fmt: skip
+    __slots__ = ("_closed", "_deps", "cached", "completion", "hold", "lease", "plan", "prompt",
+                 "resp", "status", "turn", "usage_body")  # fmt: skip
 
     def __init__(self, deps: ExchangeDeps, plan: Plan, lease: Lease, hold: Hold) -> None:
         self._deps = deps
@@ -97,7 +100,10 @@ class Exchange:
         self.completion = 0
         self.usage_body: bytes | None = None  # a body passed on untouched: usage read at close
         self.turn: Turn | None = None  # its long prefill's hold on the worker (``prefill.py``)
+        self.cached: int | None = None  # vLLM's prompt_tokens_details.cached_tokens, when sent
         self._closed = False
+        if deps.kv is not None and plan.route.kv is not None:
+            deps.kv.placed(plan.route, lease.worker)  # its blocks count there at once
 
     @property
     def worker(self) -> str:
@@ -120,12 +126,17 @@ class Exchange:
         p = usage.get("prompt_tokens", usage.get("input_tokens"))
         c = usage.get("completion_tokens", usage.get("output_tokens"))
         self.note_counts(_count(p), _count(c))
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict) and type(details.get("cached_tokens")) is int:
+            self.cached = details["cached_tokens"]
 
     def note_body(self, data: bytes) -> None:
         """Read the ``usage`` object of a body that passed through untouched."""
         start = data.rfind(b'"usage":{')
         if start >= 0 and (plain := _VLLM_USAGE.match(data, start)) is not None:
             self.note_counts(int(plain[1]), int(plain[2]))
+            if self.plan.route.kv is not None and (hit := _CACHED.search(data, start)):
+                self.cached = int(hit[1])
         elif b'"usage"' in data:  # written some other way: read as JSON is read
             with contextlib.suppress(orjson.JSONDecodeError):
                 obj = orjson.loads(data)
@@ -199,6 +210,8 @@ class Exchange:
             took = 0.0 if plan.tried or not plan.paced else elapsed - self.lease.queued_s
             d.router.served(plan.route, worker, took, self.completion)
             d.registry.succeeded(worker)
+            if d.kv is not None and self.cached is not None:
+                observe(d.kv, plan.route, worker, self.prompt, self.cached)
 
 
 _NO_WINDOW = 1 << 24  # tokens: a worker whose window is unknown (no model's is this large)
@@ -217,3 +230,4 @@ class ExchangeDeps:
     registry: Registry
     router: Router
     metrics: Metrics
+    kv: KvRouting | None = None  # precise prefix routing: placements and vLLM's cached_tokens

@@ -30,6 +30,7 @@ from gpupool.gateway.admission.base import Admission, Lease, Ticket
 from gpupool.gateway.catalog import Catalog
 from gpupool.gateway.errors import ClientGone, GatewayError
 from gpupool.gateway.incoming import Incoming
+from gpupool.gateway.kvroute.predict import KvRouting
 from gpupool.gateway.metrics import Metrics
 from gpupool.gateway.parse import Parsed, ReadLimits, owned_prefix_key
 from gpupool.gateway.pipeline.candidates import Candidates
@@ -74,8 +75,10 @@ class Pipeline:
         *,
         key_requests: KeyRequests | None = None,
         owners: Owners | None = None,
+        kv: KvRouting | None = None,
     ) -> None:
         self.cfg = cfg
+        self.kv = kv  # precise prefix routing (routing.kv_events)
         # a reload that removes a key refuses its queued requests (``security/revoke.py``)
         self.key_requests = key_requests or KeyRequests(lambda key: True)
         self.registry = registry
@@ -92,7 +95,7 @@ class Pipeline:
             self.dispatcher, client, registry, metrics, cfg.server.expose_worker_header,
             WorkerLimits.of(cfg.server).max_event_bytes, migrator,
         )  # fmt: skip
-        self.deps = ExchangeDeps(self.slots, registry, router, metrics)
+        self.deps = ExchangeDeps(self.slots, registry, router, metrics, kv)
         # the salts' key when the config names none: kept for reloads and replicas, found in
         # its store at start (``Services.start``, ``tenancy/secret.py``)
         self.salt_secret = GeneratedSecret(cfg.queue, cfg.server.state_dir)
@@ -117,6 +120,7 @@ class Pipeline:
         route = self._route_by_bound(req, model, media)
         if route is None:
             route = await self._route(kind, req, model, media)
+        route = await self._precise(kind, req, ctx, route, media)
         plan = self._plan(kind, req, model, route, ctx, incoming)
         await self.stored.prepare(plan, req)  # /v1/responses: a follow-up's worker, its owner
         principal = incoming.principal
@@ -257,6 +261,25 @@ class Pipeline:
             fields.update(self.stored.fields(req, ctx.request_id))
         return fields
 
+    async def _precise(
+        self, kind: Kind, req: Parsed, ctx: Context, route: RouteRequest,
+        media: multimodal.MediaCounts,
+    ) -> RouteRequest:  # fmt: skip
+        """The route with what each worker's cache holds of the prompt (``kvroute``), where
+        KV-event routing is on and the route's prompt is text."""
+        if self.kv is None or kind.path not in _PRECISE_PATHS or media is not _NO_MEDIA:
+            return route
+        workers = self.registry.ready_of_model(route.model)
+        salt = self._salt(kind, req, ctx)
+        return await self.kv.predict(route, kind.path, req.body, salt, workers)
+
+    def _salt(self, kind: Kind, req: Parsed, ctx: Context) -> str | None:
+        """The ``cache_salt`` the worker will see (the tenant's, with isolated caches)."""
+        if kind.salted and self.cache.isolated:
+            return self.cache.salt(ctx.tenant, req.body.get("cache_salt"))
+        salt = req.body.get("cache_salt")
+        return salt if isinstance(salt, str) and salt else None
+
     def _transform(self, kind: Kind, req: Parsed, model: ModelConfig) -> TransformOptions | None:
         if kind.shape is Shape.none:
             return None
@@ -362,6 +385,7 @@ class Pipeline:
 
 
 _NO_MEDIA = multimodal.MediaCounts(0, 0, 0)
+_PRECISE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 _may_hold_media = multimodal.may_hold_media
 
 

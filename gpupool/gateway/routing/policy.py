@@ -14,6 +14,14 @@ that has lately served the gateway's requests at least twice as slowly as the be
 (``pace.py``) counts a quarter of its capacity busier per doubling and, on a tie, ranks after
 the others; so does, on a tie, a worker running work that did not come through the gateway.
 
+With KV-cache events (``routing.kv_events``, ``gateway/kvroute``) the request carries, per
+worker whose cache is known exactly, the prompt tokens vLLM will find cached there
+(``RouteRequest.kv``). The worker holding the most then moves to the front under the same
+rules as affinity: it has a free slot and is among the least busy (``kv_events.max_lead``: how
+much busier it may be), its engine queues no more than another's; when every candidate is full
+the request is first in line for its next slot for ``affinity_wait_s``. Without such a worker
+(none known exactly, nothing cached) today's affinity decides.
+
 Prefix affinity moves a conversation's worker to the front while it has a free slot and is
 among the least busy candidates (``affinity_max_lead``, 0 by default: how much busier it may
 be), so vLLM's prefix cache is reused without piling a shared prompt onto one worker. When
@@ -28,6 +36,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from gpupool.config.models import RoutingConfig
+from gpupool.gateway.routing.cached import KvPrediction
 from gpupool.gateway.routing.estimate import TokenEstimate
 from gpupool.gateway.routing.footprint import Footprint
 from gpupool.gateway.routing.pace import Pace
@@ -45,6 +54,7 @@ class RouteRequest:
     video: int = 0
     audio: int = 0
     prefix_key: int | None = None
+    kv: KvPrediction | None = None  # cached tokens per exactly known worker (KV events)
 
 
 @dataclass(slots=True)
@@ -136,6 +146,7 @@ class Router:
         window_reserve_s: float = 60.0,
         affinity_wait_s: float = 2.0,
         affinity_max_lead: float = 0.0,
+        kv_max_lead: float = 0.0,
     ) -> None:
         self.affinity = AffinityTable()
         self.tokens = TokenEstimate()  # a prompt's tokens from its bytes, learned per model
@@ -144,6 +155,7 @@ class Router:
         self.footprint = Footprint()  # new prompt tokens each worker's cache took in lately
         self._affinity_max_load = affinity_max_load
         self._affinity_max_lead = affinity_max_lead
+        self._kv_max_lead = kv_max_lead
         self._use_affinity = prefix_affinity
         self._affinity_wait_s = affinity_wait_s
 
@@ -157,6 +169,7 @@ class Router:
         """The routing settings (at start, and a reload's at once); what was learned stays."""
         self._affinity_max_load = routing.affinity_max_load
         self._affinity_max_lead = routing.affinity_max_lead
+        self._kv_max_lead = routing.kv_events.max_lead
         self._use_affinity = routing.prefix_affinity
         self._affinity_wait_s = routing.affinity_wait_s
         self.reserve.hold_s = routing.window_reserve_s
@@ -193,7 +206,37 @@ class Router:
             if need is not None:
                 self.reserve.saw_long(req.model, need)
 
+    def _apply_cached(self, kv: KvPrediction, ranked: list[Worker]) -> Decision | None:
+        """The ranking with the worker that holds most of the prompt first, when it may take
+        it (see the module's docstring); None when no candidate is known to hold any."""
+        cached = kv.cached
+        holders = [w for w in ranked if cached.get(w.name, 0) > 0]
+        if not holders:
+            return None
+        if self._affinity_wait_s > 0 and all(x.inflight >= x.capacity for x in ranked):
+            best = max(holders, key=lambda w: cached[w.name])  # the first of the most: by rank
+            ranked.remove(best)
+            return Decision([best, *ranked], prefer_s=self._affinity_wait_s)
+        least = min(min(w.busy, 1.0) for w in ranked)
+        least_waiting = min(x.vllm_waiting for x in ranked)
+        eligible = [
+            w
+            for w in holders
+            if w.busy_steady < self._affinity_max_load
+            and w.busy_steady - least <= self._kv_max_lead
+            and w.vllm_waiting <= least_waiting
+        ]
+        if not eligible:
+            return Decision(ranked)  # no piling on a holder that is busier: load decides
+        best = max(eligible, key=lambda w: cached[w.name])
+        ranked.remove(best)
+        return Decision([best, *ranked])
+
     def _apply_affinity(self, req: RouteRequest, ranked: list[Worker]) -> Decision:
+        if req.kv is not None:
+            decided = self._apply_cached(req.kv, ranked)
+            if decided is not None:
+                return decided
         if not self._use_affinity or req.prefix_key is None:
             return Decision(ranked)
         name = self.affinity.get(req.prefix_key)

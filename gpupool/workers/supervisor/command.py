@@ -22,10 +22,12 @@ structured outputs and tools compose with reasoning), ``tool_call_parser`` →
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import sys
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,7 @@ from gpupool.config.models import (
     WorkerConfig,
 )
 from gpupool.config.swap import sleeps
+from gpupool.workers.kvevents.source import KvSource
 from gpupool.workers.registry import MediaCaps
 from gpupool.workers.supervisor.errors import LaunchConfigError
 
@@ -285,3 +288,37 @@ def model_env(model: ModelConfig) -> dict[str, str]:
     ``remote_media`` says), so an allowed host cannot bounce the worker to a private address
     the gateway would have refused. ``launch.env`` may set the variable back."""
     return {} if model.remote_media is RemoteMediaPolicy.deny else {NO_REDIRECTS_ENV: "0"}
+
+
+# ---- KV-cache events (precise prefix routing) ----------------------------------------------
+
+_IPC_MAX = 100  # a Unix socket path's limit is 107 bytes
+
+
+def kv_socket_dir(state_dir: str | os.PathLike[str]) -> Path:
+    """Where launched workers' event sockets live: ``<state_dir>/kv``, or a short directory
+    under the temp dir named after it when that path is too long for a Unix socket."""
+    path = Path(os.path.abspath(state_dir)) / "kv"
+    if len(str(path)) + 40 <= _IPC_MAX:
+        return path
+    digest = hashlib.sha256(str(path).encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"gpupool-kv-{digest}"
+
+
+def kv_events(
+    worker: WorkerConfig, argv: list[str], env: dict[str, str], seed: str, sock_dir: Path
+) -> tuple[list[str], dict[str, str], KvSource | None]:
+    """``argv`` and ``env`` publishing vLLM's KV-cache events on Unix sockets in ``sock_dir``
+    (vLLM binds ``ipc://`` endpoints; a TCP one would listen on every interface, and the events
+    carry prompts' tokens), with ``PYTHONHASHSEED`` fixed (``seed``, unless ``launch.env`` or
+    the gateway's environment set one), and where the gateway subscribes. A command that sets
+    ``--kv-events-config`` itself keeps it; the gateway then does not subscribe."""
+    if any(flag_key(a.partition("=")[0]) == "kv-events-config" for a in argv if a.startswith("--")):
+        return argv, env, None
+    name = _UNSAFE_PATH_CHARS.sub("_", worker.name)[:24]
+    pub, replay = f"ipc://{sock_dir}/{name}.pub", f"ipc://{sock_dir}/{name}.replay"
+    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": pub,
+              "replay_endpoint": replay}  # fmt: skip
+    env = {**env, "PYTHONHASHSEED": env.get("PYTHONHASHSEED", seed)}
+    source = KvSource(pub, replay, "", env["PYTHONHASHSEED"])
+    return [*argv, "--kv-events-config", json.dumps(config)], env, source

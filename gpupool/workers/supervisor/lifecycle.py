@@ -31,6 +31,8 @@ from gpupool.workers.supervisor.command import (
     build_command,
     build_env,
     capacity_of,
+    kv_events,
+    kv_socket_dir,
 )
 from gpupool.workers.supervisor.policy import CrashWindow, backoff_delay
 from gpupool.workers.supervisor.process import Launcher, LaunchSpec, WorkerProcess
@@ -50,6 +52,7 @@ class Settings:
     probe_interval_s: float = 0.5
     probe_timeout_s: float = 5.0
     log_tail_lines: int = 20
+    kv_seed: str | None = None  # set: workers publish KV-cache events (``command.kv_events``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +219,11 @@ class WorkerRun:
         settings = self.seams.settings
         argv = build_command(self.cfg, port, self.model)
         env = build_env(self.cfg, self.cache_key, settings.state_dir, model=self.model)
+        if settings.kv_seed is not None:
+            sock_dir = kv_socket_dir(settings.state_dir)
+            await asyncio.to_thread(sock_dir.mkdir, parents=True, exist_ok=True)
+            argv, env, self.worker.kv_source = kv_events(self.cfg, argv, env, settings.kv_seed,
+                                                         sock_dir)  # fmt: skip
         await asyncio.to_thread(_make_cache_dirs, env)
         self.url = f"http://{WORKER_HOST}:{port}"
         self.proc = await self.seams.launcher.launch(LaunchSpec(self.cfg.name, argv, env))

@@ -44,12 +44,15 @@ class Supervisor:
         fail_threshold: int = 3,
         rng: random.Random | None = None,
         models: Sequence[ModelConfig] = (),
+        kv_seed: str | None = None,
     ) -> None:
         """``gpu_cache_keys`` maps a worker name to its GPU's architecture and compute capability
         (for example ``"sm_120"``); workers with one key share compile and Triton caches.
-        ``models``: the workers' models, whose settings add vLLM flags (``command.model_flags``)."""
+        ``models``: the workers' models, whose settings add vLLM flags (``command.model_flags``).
+        ``kv_seed``: launched workers publish KV-cache events, with this PYTHONHASHSEED."""
         state_dir = Path(os.path.abspath(server_cfg.state_dir))
-        settings = Settings(state_dir, health_interval_s, health_timeout_s, fail_threshold)
+        settings = Settings(state_dir, health_interval_s, health_timeout_s, fail_threshold,
+                            kv_seed=kv_seed)  # fmt: skip
         self._seams = Seams(
             registry=registry,
             session=session,

@@ -1,0 +1,225 @@
+"""Precise prefix routing's work per request: body → token ids → block hashes → cached tokens
+per worker, and what it tells the pool of placements and vLLM's answers.
+
+Tokenizing and hashing run on a small thread pool of their own (``threads``), never on the
+event loop; the index lookups after are dictionary reads. A worker is routed precisely only
+while everything its blocks' hashes depend on is known (``why_not``); otherwise the request
+keeps today's affinity there, and ``/admin/workers`` and the metrics say why.
+
+vLLM never counts a prompt's last token as cached (it must compute it for the logits): of a
+prompt of ``n`` tokens at most ``(n - 1) // block_size`` blocks hit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from gpupool.config.models import GpupoolConfig
+from gpupool.gateway.kvroute.render import NotModelled, PromptRenderer
+from gpupool.gateway.metrics import Metrics
+from gpupool.gateway.routing.cached import KvPrediction
+from gpupool.gateway.routing.policy import RouteRequest
+from gpupool.workers.kvevents import hashing
+from gpupool.workers.kvevents.pool import KvPool
+from gpupool.workers.registry import Worker
+
+log = logging.getLogger("gpupool.kvroute")
+
+
+class KvRouting:
+    def __init__(
+        self, pool: KvPool, model_dirs: dict[str, str], metrics: Metrics | None = None,
+        threads: int = 2,
+    ) -> None:  # fmt: skip
+        self.pool = pool
+        self.metrics = metrics
+        self._dirs = model_dirs  # model name → the directory its workers' vLLM reads
+        self._renderers: dict[str, PromptRenderer | str] = {}  # or why there is none
+        self._loading: dict[str, asyncio.Task[PromptRenderer | str]] = {}
+        self._threads = ThreadPoolExecutor(threads, thread_name_prefix="gpupool-kv")
+        self.routed: dict[tuple[str, str], int] = {}  # (model, mode/reason) → requests
+
+    @classmethod
+    def from_config(cls, cfg: GpupoolConfig, pool: KvPool, metrics: Metrics | None) -> KvRouting:
+        dirs: dict[str, str] = {}
+        for wc in cfg.workers:
+            if wc.kv_events is not None and wc.kv_events.tokenizer:
+                dirs.setdefault(wc.model, wc.kv_events.tokenizer)
+            elif wc.launch is not None and Path(wc.launch.model_path).is_dir():
+                dirs.setdefault(wc.model, wc.launch.model_path)
+        return cls(pool, dirs, metrics)
+
+    def close(self) -> None:
+        self._threads.shutdown(wait=False, cancel_futures=True)
+
+    # ---- why a worker is (not) routed precisely --------------------------------------------
+
+    def spec(self, w: Worker) -> hashing.HashSpec | None:
+        info, src = w.cache_info, w.kv_source
+        if info is None or src is None or info.block_size is None:
+            return None
+        return hashing.HashSpec(info.block_size, info.hash_algo, src.seed or hashing.DEFAULT_SEED)
+
+    def why_not(self, w: Worker) -> str:
+        """Empty when ``w`` is routed precisely; else the reason it is not."""
+        reason = self._events_reason(w) or self._cache_reason(w)
+        if reason:
+            return reason
+        renderer = self._renderers.get(w.model)
+        if isinstance(renderer, str):
+            return f"no tokenizer: {renderer}"
+        if w.model not in self._dirs:
+            return "no model directory for its tokenizer"
+        return ""
+
+    def _events_reason(self, w: Worker) -> str:
+        index, sub = self.pool.index(w.name), self.pool.subscriber(w.name)
+        if w.kv_source is None:
+            return "no KV events from this worker"
+        if index is None or sub is None:
+            return "not subscribed to its KV events"
+        if not index.synced:
+            return f"index refilling after a resync ({index.stats.reason})"
+        if index.stats.hybrid:
+            return "hybrid KV cache (blocks of another size): not modelled"
+        spec = self.spec(w)
+        if spec is not None and sub.verify(spec) is False:
+            return "its block hashes do not match the expected seed"
+        return ""
+
+    @staticmethod
+    def _cache_reason(w: Worker) -> str:
+        info = w.cache_info
+        if info is None or info.block_size is None:
+            return "vLLM's cache settings not read yet (/metrics)"
+        if not info.prefix_caching:
+            return "prefix caching is off"
+        if info.hybrid:
+            return "hybrid KV cache (blocks of another size): not modelled"
+        if info.hash_algo not in hashing.SUPPORTED_ALGOS:
+            return f"hash algorithm {info.hash_algo} is not supported"
+        return ""
+
+    # ---- per request -----------------------------------------------------------------------
+
+    async def predict(
+        self, route: RouteRequest, path: str, body: dict[str, Any], salt: str | None,
+        workers: list[Worker],
+    ) -> RouteRequest:  # fmt: skip
+        """``route`` with what each precisely known worker holds of this prompt."""
+        precise = [w for w in workers if not self.why_not(w)]
+        if not precise:
+            self._count(route.model, "approximate: no worker is known exactly")
+            return route
+        renderer = await self._renderer(route.model)
+        if isinstance(renderer, str):
+            self._count(route.model, "approximate: no tokenizer")
+            return route
+        specs = {w.name: s for w in precise if (s := self.spec(w)) is not None}
+        loop = asyncio.get_running_loop()
+        try:
+            ids, by_spec = await loop.run_in_executor(
+                self._threads, _hash, renderer, path, body, salt, set(specs.values())
+            )
+        except NotModelled as e:
+            self._count(route.model, f"approximate: {e}")
+            return route
+        cached, hashes = {}, {}
+        for name, spec in specs.items():
+            index = self.pool.index(name)
+            if index is None:
+                continue
+            blocks = by_spec[spec]
+            hit = min(index.prefix_blocks(blocks), max(len(ids) - 1, 0) // spec.block_size)
+            cached[name], hashes[name] = hit * spec.block_size, blocks
+        self._count(route.model, "precise")
+        return replace(route, kv=KvPrediction(len(ids), cached, hashes))
+
+    def placed(self, route: RouteRequest, worker: str) -> None:
+        """The request was placed on ``worker``: its blocks count there at once."""
+        kv = route.kv
+        if kv is None:
+            return
+        blocks = kv.hashes.get(worker)
+        index = self.pool.index(worker)
+        if blocks and index is not None:
+            index.placed(blocks)
+
+    def _count(self, model: str, mode: str) -> None:
+        key = (model, mode)
+        self.routed[key] = self.routed.get(key, 0) + 1
+        if self.metrics is not None:
+            self.metrics.kv_routed.labels(model, mode).inc()
+
+    async def _renderer(self, model: str) -> PromptRenderer | str:
+        found = self._renderers.get(model)
+        if found is not None:
+            return found
+        task = self._loading.get(model)
+        if task is None:
+            task = self._loading[model] = asyncio.ensure_future(self._load(model))
+        return await asyncio.shield(task)
+
+    async def _load(self, model: str) -> PromptRenderer | str:
+        path = self._dirs.get(model)
+        result: PromptRenderer | str
+        if path is None:
+            result = "no model directory"
+        else:
+            try:
+                loop = asyncio.get_running_loop()
+                result = await loop.run_in_executor(self._threads, PromptRenderer.load, path)
+            except Exception as e:  # any load failure (files, JSON, template) is a reason
+                result = f"{type(e).__name__}: {e}"
+                log.warning("kv routing for %s: no tokenizer (%s)", model, result)
+        self._renderers[model] = result
+        self._loading.pop(model, None)
+        return result
+
+
+def _hash(
+    renderer: PromptRenderer, path: str, body: dict[str, Any], salt: str | None,
+    specs: set[hashing.HashSpec],
+) -> tuple[list[int], dict[hashing.HashSpec, list[int]]]:  # fmt: skip
+    """On a worker thread: the prompt's token ids and its block hashes under each spec."""
+    ids = renderer.prompt_ids(path, body)
+    return ids, {spec: hashing.block_hashes(ids, spec, salt) for spec in specs}
+
+
+def status(kv: KvRouting | None, w: Worker) -> dict[str, Any] | None:
+    """``/admin/workers``' ``kv`` entry: whether the worker is routed precisely, why not, and
+    what its index holds (None when KV-event routing is off)."""
+    if kv is None:
+        return None
+    index = kv.pool.index(w.name)
+    reason = kv.why_not(w)
+    out: dict[str, Any] = {"precise": not reason, "reason": reason or None}
+    if index is not None:
+        st = index.stats
+        out.update(blocks=len(index), pending=index.pending_count(), block_size=st.block_size,
+                   batches=st.batches, gaps=st.gaps, replayed=st.replayed, resyncs=st.resyncs,
+                   cleared=st.cleared, evicted=st.evicted, undecodable=st.undecodable)  # fmt: skip
+    return out
+
+
+def observe(kv: KvRouting, route: RouteRequest, worker: str, prompt: int, reported: int) -> None:
+    """vLLM answered a precisely routed request with ``reported`` cached tokens of ``prompt``:
+    how far the prediction was (``tokens_differ``: the prompt was not the one predicted)."""
+    pred = route.kv
+    m = kv.metrics
+    if pred is None or m is None or worker not in pred.cached:
+        return
+    predicted = pred.cached[worker]
+    if prompt and prompt != pred.tokens:
+        outcome = "tokens_differ"
+    elif predicted == reported:
+        outcome = "exact"
+    else:
+        outcome = "over" if predicted > reported else "under"
+    m.kv_predictions.labels(route.model, worker, outcome).inc()
+    m.kv_prediction_error.labels(route.model).observe(abs(predicted - reported))
