@@ -231,6 +231,11 @@ function fillCard(c, w) {
     ["Restarts", count(w.restarts)],
     ["GPUs", w.gpus && w.gpus.length ? w.gpus.join(", ") : "—"],
   ];
+  if (w.kv_index) {
+    const ix = w.kv_index;
+    facts.push(["Prefix index", (ix.blocks == null ? "—" : count(ix.blocks) + " blocks") +
+      (ix.precise ? " · precise" : " · approximate: " + ix.reason)]);
+  }
   c.facts.replaceChildren(...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, ...[].concat(v))]));
   c.chart.replaceChildren(chart(w.tokens_per_s));
   c.error.textContent = w.last_error ? "Last error: " + w.last_error : "";

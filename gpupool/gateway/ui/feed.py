@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gpupool.gateway.kvroute.predict import status as kv_status
 from gpupool.workers.gpus import GpuInfo, discover_gpus
 from gpupool.workers.registry import Worker, WorkerState
 
@@ -206,6 +207,7 @@ class PoolFeed:
             "running": w.vllm_running, "waiting": w.vllm_waiting, "kv_cache": w.kv_usage,
             "restarts": w.restarts, "last_error": (w.last_error or "")[:MAX_MESSAGE] or None,
             "tokens_per_s": self.tokens.series(w.name),
+            "kv_index": kv_status(self.svc.kv, w),  # precise prefix routing (None: off)
         }  # fmt: skip
 
     def queue_rows(self, snap: dict[str, Any], models: Iterable[Any]) -> list[dict[str, Any]]:

@@ -1,0 +1,77 @@
+"""A request's block hashes as vLLM 0.32 (CPU) published them for the tiny dense model.
+
+The expected hashes were recorded from a real worker (``PYTHONHASHSEED=0``, block size 128,
+sha256, ``cache_salt`` "abc") answering the chat request below: its ``BlockStored`` event named
+these two blocks, and it reported 345 prompt tokens.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gpupool.gateway.kvroute.render import NotModelled, PromptRenderer
+from gpupool.workers.kvevents.hashing import HashSpec, block_hashes
+
+MODELS = Path(os.environ.get("GPUPOOL_TINY_MODELS", Path(__file__).parents[3] / ".models"))
+DENSE = MODELS / "qwen3-dense"
+LONG = "You are a helpful assistant. " + "lorem ipsum dolor sit amet " * 20
+BODY = {"messages": [{"role": "user", "content": LONG}, {"role": "user", "content": "hello there"}]}
+VLLM_HASHES = [10210480223173523310, 10103818411789399474]
+
+pytestmark = pytest.mark.skipif(not (DENSE / "tokenizer.json").exists(), reason="no tiny models")
+
+
+@pytest.fixture(scope="module")
+def renderer() -> PromptRenderer:
+    return PromptRenderer.load(DENSE)
+
+
+def test_chat_blocks_hash_as_vllm_published_them(renderer: PromptRenderer) -> None:
+    ids = renderer.prompt_ids("/v1/chat/completions", BODY)
+    assert len(ids) == 345
+    assert block_hashes(ids, HashSpec(128, "sha256", "0"), "abc") == VLLM_HASHES
+
+
+def test_a_salt_or_seed_changes_every_block(renderer: PromptRenderer) -> None:
+    ids = renderer.prompt_ids("/v1/chat/completions", BODY)
+    other_salt = block_hashes(ids, HashSpec(128, "sha256", "0"), "abd")
+    other_seed = block_hashes(ids, HashSpec(128, "sha256", "1"), "abc")
+    assert not set(other_salt) & set(VLLM_HASHES)
+    assert not set(other_seed) & set(VLLM_HASHES)
+
+
+def test_one_text_part_is_its_string(renderer: PromptRenderer) -> None:
+    parts = {"messages": [{"role": m["role"], "content": [{"type": "text", "text": m["content"]}]}
+                          for m in BODY["messages"]]}  # fmt: skip
+    assert renderer.prompt_ids("/v1/chat/completions", parts) == renderer.prompt_ids(
+        "/v1/chat/completions", BODY
+    )
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"messages": [{"role": "user", "content": "x"}], "tools": []},
+        {"messages": [{"role": "tool", "content": "x"}]},
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+        {"messages": []},
+        {"messages": [{"role": "user", "content": "x", "name": "n"}]},
+        {"messages": [{"role": "user", "content": "x"}], "chat_template": "{{ 1 }}"},
+    ],
+)
+def test_what_is_not_modelled_says_so(renderer: PromptRenderer, body: dict[str, object]) -> None:
+    with pytest.raises(NotModelled):
+        renderer.prompt_ids("/v1/chat/completions", body)
+
+
+def test_completion_prompts(renderer: PromptRenderer) -> None:
+    assert renderer.prompt_ids("/v1/completions", {"prompt": [5, 6, 7]}) == [5, 6, 7]
+    ids = renderer.prompt_ids("/v1/completions", {"prompt": "hello world"})
+    assert ids == renderer.tokenizer.encode("hello world").ids
+    with pytest.raises(NotModelled):
+        renderer.prompt_ids("/v1/completions", {"prompt": ["a", "b"]})
+    with pytest.raises(NotModelled):
+        renderer.prompt_ids("/v1/responses", {"input": "x"})

@@ -1,0 +1,129 @@
+"""The subscription thread against a publisher speaking vLLM's protocol: in-order batches, a gap
+the replay fills, a gap it cannot fill (resync), a restarted publisher, and a late subscriber."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from gpupool.workers.kvevents import wire
+from gpupool.workers.kvevents.index import BlockIndex
+from gpupool.workers.kvevents.source import KvSource
+from gpupool.workers.kvevents.subscriber import Subscriber
+from tests.support.kv_publisher import KvPublisher, stored
+
+
+def _until(cond: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def wired(tmp_path: Path) -> Iterator[tuple[KvPublisher, BlockIndex, Subscriber]]:
+    src = KvSource(f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay")
+    pub = KvPublisher(src.endpoint, src.replay, buffer_steps=5)
+    ctx: zmq.Context[Any] = zmq.Context()
+    index = BlockIndex(max_blocks=100)
+    sub = Subscriber("w", src, index, ctx, replay_timeout_s=5.0)
+    sub.start()
+    try:
+        # the SUB joins asynchronously: publish until one batch arrives
+        _until(lambda: _hello(pub, index))
+        yield pub, index, sub
+    finally:
+        sub.stop()
+        sub.join()
+        pub.close()
+        ctx.term()
+    assert not sub.is_alive()
+
+
+def _hello(pub: KvPublisher, index: BlockIndex) -> bool:
+    if index.stats.batches:
+        return True
+    pub.publish(stored([999]))
+    time.sleep(0.05)
+    return bool(index.stats.batches)
+
+
+def test_in_order_batches_build_the_index(
+    wired: tuple[KvPublisher, BlockIndex, Subscriber],
+) -> None:
+    pub, index, _ = wired
+    pub.publish(stored([1, 2, 3]))
+    pub.publish(wire.BlockRemoved([2], "GPU"))
+    _until(lambda: index.stats.removed == 1)
+    assert index.prefix_blocks([1, 3]) == 2
+    assert index.prefix_blocks([1, 2, 3]) == 1
+    pub.publish(wire.AllBlocksCleared())
+    _until(lambda: len(index) == 0)
+
+
+def test_a_gap_is_filled_from_the_replay_socket(
+    wired: tuple[KvPublisher, BlockIndex, Subscriber],
+) -> None:
+    pub, index, _ = wired
+    pub.publish(stored([10]), send=False)  # lost on the PUB socket, kept for replay
+    pub.publish(stored([11]))
+    _until(lambda: index.prefix_blocks([11]) == 1)
+    assert index.prefix_blocks([10]) == 1
+    assert (index.stats.gaps, index.stats.replayed, index.stats.resyncs) == (1, 1, 0)
+    assert index.synced
+
+
+def test_a_gap_past_the_replay_buffer_resyncs(
+    wired: tuple[KvPublisher, BlockIndex, Subscriber],
+) -> None:
+    pub, index, _ = wired
+    pub.publish(stored([20]))
+    _until(lambda: index.prefix_blocks([20]) == 1)
+    for h in range(30, 37):  # 7 lost batches; the buffer keeps 5
+        pub.publish(stored([h]), send=False)
+    pub.publish(wire.BlockRemoved([999], "GPU"))
+    _until(lambda: index.stats.resyncs == 1)
+    assert index.prefix_blocks([20]) == 0  # dropped: what was missed may have removed it
+    assert not index.synced
+    pub.publish(stored([40]))
+    _until(lambda: index.synced)
+    assert index.prefix_blocks([40]) == 1
+
+
+def test_a_restarted_publisher_empties_the_index(
+    wired: tuple[KvPublisher, BlockIndex, Subscriber],
+) -> None:
+    pub, index, _ = wired
+    pub.publish(stored([50]))
+    _until(lambda: index.prefix_blocks([50]) == 1)
+    pub.restart()
+    pub.publish(stored([60]))
+    _until(lambda: index.prefix_blocks([60]) == 1)
+    assert index.prefix_blocks([50]) == 0
+
+
+def test_a_late_subscriber_replays_from_the_start(tmp_path: Path) -> None:
+    src = KvSource(f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay")
+    pub = KvPublisher(src.endpoint, src.replay, buffer_steps=50)
+    ctx: zmq.Context[Any] = zmq.Context()
+    index = BlockIndex()
+    for h in (1, 2, 3):
+        pub.publish(stored([h]))  # nobody listens yet
+    sub = Subscriber("w", src, index, ctx, replay_timeout_s=5.0)
+    sub.start()
+    try:
+        _until(lambda: _hello(pub, index))
+        _until(lambda: index.prefix_blocks([1]) == 1)
+        assert index.prefix_blocks([2]) == index.prefix_blocks([3]) == 1
+        assert index.stats.resyncs == 0
+    finally:
+        sub.stop()
+        sub.join()
+        pub.close()
+        ctx.term()
