@@ -161,12 +161,12 @@ def test_tenants_with_different_salts_never_share(kv_stack: Proc) -> None:
 
 
 def test_fallback_is_visible(kv_stack: Proc) -> None:
-    """A request whose prompt is not modelled (tools) routes approximately, and says why."""
+    """A request whose prompt is not modelled (a message's ``name``) routes approximately, and
+    says why."""
     gw = kv_stack
-    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
-    _ask(gw, {"messages": [{"role": "user", "content": "hi"}], "tools": [tool]})
+    _ask(gw, {"messages": [{"role": "user", "content": "hi", "name": "ann"}]})
     modes = _metric(gw, "gpupool_kv_routed_requests_total")
-    assert any("approximate: tools is not modelled" in k for k in modes), modes
+    assert any("approximate: a message other than role and text content" in k for k in modes), modes
     assert any('mode="precise"' in k for k in modes), modes
 
 

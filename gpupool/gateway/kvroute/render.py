@@ -13,6 +13,9 @@ given it). Anything else returns the reason it is not modelled, and routing stay
 from __future__ import annotations
 
 import json
+import re
+import threading
+from collections import OrderedDict
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -53,13 +56,74 @@ def _special(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+class SegmentEncoder:
+    """The tokenizer's ``encode`` without special tokens, remembering the runs of text between
+    its added tokens (``<|im_start|>``, ...): a long system prompt shared by many requests is
+    tokenized once. Exact because the tokenizer itself splits there first and encodes each run
+    on its own, when every added token matches as plain text (no ``lstrip``, ``rstrip``,
+    ``single_word`` or ``normalized``); otherwise, or if any of the first ``checks`` encodings
+    differs from the whole text's, it encodes whole texts only."""
+
+    def __init__(self, tokenizer: Tokenizer, added: list[dict[str, Any]], entries: int = 256,
+                 checks: int = 32) -> None:  # fmt: skip
+        self.tokenizer = tokenizer
+        flags = ("lstrip", "rstrip", "single_word", "normalized")
+        plain = all(not a.get(f) for a in added for f in flags)
+        contents = sorted((a["content"] for a in added if a.get("content")), key=len, reverse=True)
+        self.ids = {a["content"]: a["id"] for a in added}
+        self.pattern = (
+            re.compile("(" + "|".join(map(re.escape, contents)) + ")")
+            if plain and contents
+            else None
+        )
+        self.entries = entries
+        self.checks = checks
+        self._runs: OrderedDict[str, list[int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def encode(self, text: str) -> list[int]:
+        if self.pattern is None:
+            return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        out: list[int] = []
+        for i, part in enumerate(self.pattern.split(text)):
+            if i % 2:
+                out.append(self.ids[part])
+            elif part:
+                out += self._run(part)
+        if self.checks > 0:
+            self.checks -= 1
+            whole = list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+            if whole != out:
+                self.pattern = None
+                return whole
+        return out
+
+    def _run(self, text: str) -> list[int]:
+        with self._lock:
+            ids = self._runs.get(text)
+            if ids is not None:
+                self._runs.move_to_end(text)
+                return ids
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        if len(text) >= 256:  # short runs cost less to encode than to keep
+            with self._lock:
+                self._runs[text] = ids
+                if len(self._runs) > self.entries:
+                    self._runs.popitem(last=False)
+        return ids
+
+
 class PromptRenderer:
     """One model directory's tokenizer and chat template. Loading reads files: do it off the
     event loop (``load``); rendering is CPU work: run it in a thread too."""
 
-    def __init__(self, tokenizer: Tokenizer, template: str | None, specials: dict[str, str]):
+    def __init__(
+        self, tokenizer: Tokenizer, template: str | None, specials: dict[str, str],
+        added: list[dict[str, Any]] | None = None,
+    ) -> None:  # fmt: skip
         self.tokenizer = tokenizer
         self.specials = specials
+        self.segments = SegmentEncoder(tokenizer, added or [])
         self.template: jinja2.Template | None = None
         if template is not None:
             env = jinja2.sandbox.ImmutableSandboxedEnvironment(
@@ -77,7 +141,9 @@ class PromptRenderer:
         d = Path(model_dir)
         if not (d / "tokenizer.json").is_file():
             raise NotModelled(f"no tokenizer.json in {d}")
-        tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+        raw = json.loads((d / "tokenizer.json").read_text())
+        tok = Tokenizer.from_str(json.dumps(raw))
+        added = [a for a in raw.get("added_tokens", []) if isinstance(a, dict)]
         cfg: dict[str, Any] = {}
         if (d / "tokenizer_config.json").is_file():
             cfg = json.loads((d / "tokenizer_config.json").read_text())
@@ -87,7 +153,7 @@ class PromptRenderer:
         elif isinstance(cfg.get("chat_template"), str):
             template = cfg["chat_template"]
         specials = {k: v for k in _SPECIALS if (v := _special(cfg.get(k))) is not None}
-        return cls(tok, template, specials)
+        return cls(tok, template, specials, added)
 
     def prompt_ids(self, path: str, body: dict[str, Any]) -> list[int]:
         """The token ids vLLM will prefill for ``body`` on route ``path``."""
@@ -125,7 +191,7 @@ class PromptRenderer:
             raise NotModelled("the template renders string and list content differently")
         text = a if a is not None else b
         assert text is not None
-        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        return self.segments.encode(text)
 
     def _render(
         self, messages: list[dict[str, Any]], gen: Any, kwargs: dict[str, Any]

@@ -75,3 +75,20 @@ def test_completion_prompts(renderer: PromptRenderer) -> None:
         renderer.prompt_ids("/v1/completions", {"prompt": ["a", "b"]})
     with pytest.raises(NotModelled):
         renderer.prompt_ids("/v1/responses", {"input": "x"})
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["plain words " * 40, "<think>a b</think> then <tool_call>{}</tool_call>" * 20, "", " \n ",
+     "<|im_end|>literal<|im_start|>" + "x" * 300],
+)  # fmt: skip
+def test_segments_encode_as_the_whole_text(renderer: PromptRenderer, content: str) -> None:
+    body = {
+        "messages": [{"role": "system", "content": "s" * 300}, {"role": "user", "content": content}]
+    }
+    text = renderer._render(body["messages"], True, {})  # type: ignore[arg-type]
+    assert text is not None
+    whole = renderer.tokenizer.encode(text, add_special_tokens=False).ids
+    renderer.segments.checks = 0  # no self-check: the runs alone must be right
+    assert renderer.segments.encode(text) == whole
+    assert renderer.segments.encode(text) == whole  # from the remembered runs
