@@ -7,6 +7,7 @@ A fenced block preceded by one of these HTML comments (invisible on the site) is
     <!-- test: config -->        yaml: ``gpupool check`` passes on it
     <!-- test: serve FILE -->    yaml: says what FILE says; the page's later snippets talk to a
                                  gateway serving FILE instead of ``config/gpupool.yaml``
+    <!-- test: serve -->         yaml: the page's later snippets talk to a gateway serving it
 
 Snippets are written for a gateway on ``127.0.0.1:8000``; the gateway they talk to serves the
 page's config on a free port, which replaces that address in the snippet before it runs. A
@@ -17,15 +18,18 @@ typo cannot turn a test off.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 from sybil import Document, Example, Region, Sybil
 
@@ -35,6 +39,7 @@ ADDRESS = "127.0.0.1:8000"
 DEFAULT_CONFIG = "config/gpupool.yaml"
 DIRECTIVE = re.compile(r"^<!--\s*test:\s*(?P<body>.*?)\s*-->[ \t]*$", re.M)
 FENCE = re.compile(r"\n?```(?P<lang>\w+)[^\n]*\n(?P<source>.*?)^```[ \t]*$", re.S | re.M)
+ADMIN_KEY = "sk-docs-tests-admin"  # asks /ready of a page's gateway with auth on
 KINDS = {"run": {"python", "sh"}, "config": {"yaml"}, "serve": {"yaml"}}
 
 
@@ -50,6 +55,12 @@ class Gateways:
         self._stack = contextlib.ExitStack()
         self._running: dict[str, Proc] = {}
 
+    def keep(self, text: str) -> str:
+        """A page's own config, kept as a file to serve; its path (relative to the root)."""
+        path = Path(tempfile.mkstemp(dir=self.tmp, prefix="page-", suffix=".yaml")[1])
+        path.write_text(text)
+        return str(path)
+
     def address(self, config: str) -> str:
         proc = self._running.get(config)
         if proc is None:
@@ -64,12 +75,31 @@ class Gateways:
             args = (worker.get("launch") or {}).get("args") or {}
             if "sleep-ledger" in args:
                 args["sleep-ledger"] = str(tmp / Path(args["sleep-ledger"]).name)
+        auth = cfg.get("auth") or {}
+        if not auth.get("enabled"):
+            proc = gateway(cfg, tmp)
+            self._stack.enter_context(running(proc, ready_path="/ready", timeout=90))
+            return proc
+        # /ready takes a key when auth is on: an admin key of the test's own asks it
+        cfg["auth"] = {**auth, "admin_key_sha256": hashlib.sha256(ADMIN_KEY.encode()).hexdigest()}
         proc = gateway(cfg, tmp)
-        self._stack.enter_context(running(proc, ready_path="/ready", timeout=90))
+        self._stack.enter_context(running(proc, ready_path="/health", timeout=90))
+        _wait_ready(proc.url, timeout=90)
         return proc
 
     def close(self) -> None:
         self._stack.close()
+
+
+def _wait_ready(url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    status = None
+    while time.monotonic() < deadline:
+        r = httpx.get(f"{url}/ready", headers={"authorization": f"Bearer {ADMIN_KEY}"})
+        if (status := r.status_code) == 200:
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"{url}/ready answered {status} for {timeout} s")
 
 
 def parse(document: Document) -> Iterable[Region]:
@@ -96,6 +126,9 @@ def evaluate(example: Example) -> str | None:
     if kind == "config":
         return _check_config(source, where)
     if kind == "serve":
+        if not arg:  # the block itself is the config
+            ns["served"] = ns["gateways"].keep(source)
+            return None
         served = yaml.safe_load((ROOT / arg).read_text())
         if yaml.safe_load(source) != served:
             return f"{where}: the block does not say what {arg} says"

@@ -39,6 +39,7 @@ def test_the_newcomer_paths_are_runnable() -> None:
         },
         "docs/getting-started/sleep-mode.md": {("serve", "yaml"), ("run", "python"), ("run", "sh")},
         "docs/getting-started/gpu-node.md": {("run", "sh")},
+        "docs/guides/queueing.md": {("serve", "yaml"), ("run", "python")},  # a real 429
     }  # fmt: skip
     for page, kinds in wanted.items():
         assert kinds <= set(examples_in(ROOT / page)), page
