@@ -1,0 +1,37 @@
+"""What keeps the README short and the guides free of measurement history."""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+
+from tests.support.procs import ROOT
+
+README_MAX_LINES = 150
+DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
+# the GPU lane's guide includes its procedure as the lane keeps it, timings of its runs included
+HISTORY_ALLOWED = {"guides/gpu-lane.md"}
+
+
+def _nav_pages(section: str) -> list[str]:
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
+    (entries,) = [item[section] for item in nav if isinstance(item, dict) and section in item]
+    return [page for entry in entries for page in entry.values()]
+
+
+def test_the_readme_stays_short() -> None:
+    lines = len((ROOT / "README.md").read_text().splitlines())
+    assert lines <= README_MAX_LINES, (
+        f"README.md has {lines} lines (at most {README_MAX_LINES}): put the detail in a page "
+        "under docs/ and link it from the README's table"
+    )
+
+
+def test_guides_carry_no_measurement_history() -> None:
+    """A dated run belongs on the Benchmarks page (with its commit) or in the archive."""
+    for page in _nav_pages("Getting started") + _nav_pages("Guides"):
+        if page in HISTORY_ALLOWED:
+            continue
+        dates = DATE.findall((ROOT / "docs" / page).read_text())
+        assert not dates, f"docs/{page} carries dated measurements {dates}: move them to Benchmarks"
