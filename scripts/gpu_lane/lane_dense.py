@@ -15,6 +15,7 @@ from lane_http import (
     count_tokens,
     load_phase,
     metrics,
+    migrations,
     post,
     prefix_counts,
     stream,
@@ -115,12 +116,18 @@ async def ttft(ctx: Ctx, n: int = 20) -> dict[str, Any]:
     }
 
 
+def _delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0)}
+
+
 def _r(x: float | None) -> float | None:
     return round(x, 2) if x is not None else None
 
 
 async def kill(ctx: Ctx) -> dict[str, Any]:
-    """``kill -9`` of a worker's vLLM under streaming load: events, restart, GPU memory."""
+    """``kill -9`` of a worker's vLLM under streaming load: what the clients saw (errors, with
+    request migration none should be), the migrations the gateway counted, restart, GPU
+    memory."""
     gw, lane = ctx.gateway(), ctx.lane
     body = chat(ctx.model, text_of(200), 1000, stream=True)
     bg = Background(ctx.client, gw.url, body, n=96, t0=lane.t0).start()
@@ -139,6 +146,7 @@ async def _kill_under_load(ctx: Ctx, bg: Background) -> dict[str, Any]:
     victims = lane_gpu.children_of(guard)
     procs_before = lane_gpu.apps_by_worker(gw.guards())
     used_before = lane_gpu.used_mib()
+    moved_before = await migrations(ctx.client, gw.url)
     os.kill(victims[0], signal.SIGKILL)
     t_kill = lane.elapsed()
     lane.say(f"kill -9 {victims[0]} (vLLM of {target}, guard {guard})")
@@ -148,7 +156,9 @@ async def _kill_under_load(ctx: Ctx, bg: Background) -> dict[str, Any]:
     t_ready = lane.elapsed()
     await asyncio.sleep(3)
     summary = await bg.stop()
+    moved = _delta(moved_before, await migrations(ctx.client, gw.url))
     near = [o for t, o in bg.outcomes if t_kill <= t <= t_kill + 15 and o.kind() != "complete"]
+    errors = [o for t, o in bg.outcomes if t >= t_kill and o.kind() != "complete"]
     dip = ctx.sampler.between(t_kill, t_ready)
     return {
         "worker": target,
@@ -161,6 +171,9 @@ async def _kill_under_load(ctx: Ctx, bg: Background) -> dict[str, Any]:
         "restarts": gw.workers[target].get("restarts"),
         "last_error": gw.workers[target].get("last_error"),
         "client_outcomes": summary,
+        "client_errors": len(errors),  # streams ended after the kill without a clean [DONE]
+        "migrations": moved,  # gpupool_migrations_total by cause/outcome, during the step
+        "migrated_streams": sum(v for k, v in moved.items() if k.endswith("/continued")),
         "error_event_example": next((o.error_event for o in near if o.error_event), None),
         "other_failures_example": next(
             (o.kind() + " " + (o.body or o.exception or "") for o in near if not o.error_event),

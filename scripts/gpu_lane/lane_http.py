@@ -257,6 +257,36 @@ async def metrics(c: httpx.AsyncClient, url: str) -> dict[str, float]:
     return out
 
 
+async def migrations(c: httpx.AsyncClient, url: str) -> dict[str, float]:
+    """The gateway's ``gpupool_migrations_total`` as ``{"cause/outcome": value}`` (models
+    summed): requests moved to another worker after their answer began."""
+    try:
+        r = await c.get(url + "/metrics", timeout=20)
+    except (httpx.HTTPError, OSError):
+        return {}
+    out: dict[str, float] = {}
+    for line in r.text.splitlines():
+        if not line.startswith("gpupool_migrations_total{"):
+            continue
+        labels, _, value = line.rpartition(" ")
+        cause = _label(labels, "cause")
+        outcome = _label(labels, "outcome")
+        key = f"{cause}/{outcome}"
+        try:
+            out[key] = out.get(key, 0.0) + float(value)
+        except ValueError:
+            continue
+    return out
+
+
+def _label(labels: str, name: str) -> str:
+    start = labels.find(f'{name}="')
+    if start < 0:
+        return "?"
+    start += len(name) + 2
+    return labels[start : labels.find('"', start)]
+
+
 def prefix_counts(m: dict[str, float]) -> tuple[float, float]:
     """(queried tokens, hit tokens) of vLLM's prefix cache."""
     q = m.get("vllm:prefix_cache_queries_total", m.get("vllm:prefix_cache_queries", 0.0))

@@ -172,7 +172,10 @@ def kill_cell(r: dict[str, Any]) -> str:
         return "-"
     events = sum(v for kind, v in (k.get("client_outcomes") or {}).items() if "error event" in kind)
     back = "back" if k["recovered"] else "NOT back"
-    return f"{back} in {_f(k.get('ready_again_after_s'))} s, {events} error events"
+    cell = f"{back} in {_f(k.get('ready_again_after_s'))} s, {events} error events"
+    if "client_errors" in k:  # since request migration (issue 36)
+        cell += f", {k['client_errors']} client errors, {k.get('migrated_streams', 0)} migrated"
+    return cell
 
 
 def pitfall_cell(r: dict[str, Any]) -> str:

@@ -5,7 +5,8 @@ and once with Redis. The victim's process exits (as ``kill -9`` or a GPU fault) 
 streams has sent ``CRASH_AT`` tokens; what the clients read is compared, event by event, with
 the same requests answered by a worker left alone: the text whole (nothing repeated or lost at
 the cut), one id in every chunk, one role delta, one ``[DONE]``, usage counted once. Afterwards
-nothing is held (``assert_nothing_held``), and the metrics and the log say what moved where.
+nothing is held (``assert_nothing_held``), and the metrics, the log and the pool page's recent
+events say what moved where.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.gateway.ui.pool import first_snapshot
 from tests.support.fault_tools import MODEL, async_client, gateway_config, wait_until
 from tests.support.hostile_tools import assert_nothing_held
 from tests.support.procs import Proc, gateway, redis_server, running, sim
@@ -137,6 +139,9 @@ def test_streams_and_whole_answers_continue_when_their_worker_dies(
         continued = _metric(gw, "gpupool_migrations_total", outcome="continued")
         restarted = _metric(gw, "gpupool_migrations_total", outcome="restarted")
         log = Path(gw.log_path).read_text()
+        page = first_snapshot(gw.url)
+    events = [e["message"] for e in page["errors"] if e["source"] == "gpupool.migrate"]
+    assert any("worker victim failed mid-answer" in m for m in events), page["errors"][:3]
     assert all(r.status == 200 for r in reads), [
         (r.status, r.raw[:300]) for r in reads if r.status != 200
     ]
