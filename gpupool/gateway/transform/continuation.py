@@ -127,8 +127,18 @@ class Progress:
             self._hold = data
             return b""
         self._hold, data = data[end:], data[:end]
-        for payload in self._buf.events(data):
-            if payload.startswith(b":") or payload == b"[DONE]":
+        # vLLM's framing (``data: {json}`` blocks, LF ends) read directly; anything else
+        # (CR line ends, several data lines to an event) through the general parser
+        if b"\r" in data:
+            payloads = self._buf.events(data)
+        else:
+            payloads = [
+                b[6:] if b.startswith(b"data: ") and b"\n" not in b else _payload(b)
+                for b in data.split(b"\n\n")
+                if b
+            ]
+        for payload in payloads:
+            if not payload.startswith(b"{"):
                 continue
             try:
                 obj = orjson.loads(payload)
@@ -278,6 +288,12 @@ class Resume:
             cached = min(details["cached_tokens"], prompt)
             out["prompt_tokens_details"] = {**details, "cached_tokens": cached}
         return out
+
+
+def _payload(block: bytes) -> bytes:
+    """The data of one SSE block that is not a single ``data: `` line (b"" when none)."""
+    found = EventBuffer().events(block + b"\n\n")
+    return next((p for p in found if not p.startswith(b":")), b"")
 
 
 def _events_end(data: bytes) -> int:
