@@ -1,0 +1,81 @@
+"""A worker's index starts empty whenever its cache does: restart, sleep, wake, drain, failure.
+Only its first way up keeps what was learned; a new endpoint is a new subscription."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpupool.workers.kvevents.pool import KvPool
+from gpupool.workers.kvevents.source import KvSource
+from gpupool.workers.registry import Registry, Worker, WorkerState
+
+S = WorkerState
+
+
+def _worker(tmp: Path, n: int = 0) -> Worker:
+    src = KvSource(f"ipc://{tmp}/pub{n}", f"ipc://{tmp}/replay{n}")
+    return Worker("w", "m", url="http://w", kv_source=src)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        [S.ready, S.falling_asleep],
+        [S.ready, S.falling_asleep, S.asleep, S.waking, S.ready],
+        [S.ready, S.draining],
+        [S.ready, S.failed],
+        [S.ready, S.starting],  # a restart
+    ],
+)
+async def test_the_index_empties_when_the_cache_does(
+    tmp_path: Path, path: list[WorkerState]
+) -> None:
+    pool, registry, w = KvPool(), Registry(), _worker(tmp_path)
+    registry.add(w)
+    registry.on_change(pool.on_change)
+    try:
+        registry.transition(w, S.warming)
+        index = pool.index("w")
+        assert index is not None and pool.subscriber("w") is not None
+        index.stored([1, 2])
+        for state in path:
+            registry.transition(w, state)
+        assert len(index) == 0
+    finally:
+        await pool.aclose()
+    assert pool.subscriber("w") is None
+
+
+async def test_the_first_way_up_keeps_the_warm_up_blocks(tmp_path: Path) -> None:
+    pool, registry, w = KvPool(), Registry(), _worker(tmp_path)
+    registry.add(w)
+    registry.on_change(pool.on_change)
+    try:
+        registry.transition(w, S.warming)
+        index = pool.index("w")
+        assert index is not None
+        index.stored([1])
+        registry.transition(w, S.ready)
+        assert len(index) == 1
+    finally:
+        await pool.aclose()
+
+
+async def test_a_new_endpoint_is_a_new_subscription(tmp_path: Path) -> None:
+    pool, w = KvPool(), _worker(tmp_path)
+    try:
+        pool.watch(w)
+        first = pool.subscriber("w")
+        pool.watch(w)
+        assert pool.subscriber("w") is first  # the same source: kept
+        w.kv_source = KvSource(f"ipc://{tmp_path}/other")
+        pool.watch(w)
+        second = pool.subscriber("w")
+        assert second is not first and first is not None
+        first.join(timeout=5)
+        assert not first.is_alive()  # the old thread ended
+    finally:
+        await pool.aclose()
+    assert second is not None and not second.is_alive()
