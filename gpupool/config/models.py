@@ -343,9 +343,11 @@ class WorkerKvEvents(_Strict):
     `--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint":
     "tcp://*:PORT", "replay_endpoint": "tcp://*:PORT2"}'`)."""
 
-    endpoint: str = Field(..., pattern=r"^tcp://", description="Its PUB socket: tcp://host:port.")
+    endpoint: str = Field(
+        ..., pattern=r"^(tcp|ipc)://", description="Its PUB socket: tcp://host:port (or ipc://)."
+    )
     replay_endpoint: str | None = Field(
-        None, pattern=r"^tcp://", description="Its replay socket (gaps are filled from it)."
+        None, pattern=r"^(tcp|ipc)://", description="Its replay socket (gaps are filled from it)."
     )
     topic: str = Field("", description="The topic it publishes under.")
     hash_seed: str | None = Field(

@@ -61,6 +61,8 @@ class Subscriber(threading.Thread):
         self._replay_timeout_s = replay_timeout_s
         self._next: int | None = None
         self._stop_flag = threading.Event()
+        self._samples_seen = 0  # samples appended so far (a new one invalidates the verdict)
+        self._verdict: tuple[object, bool | None] = (None, None)
 
     def stop(self) -> None:
         self._stop_flag.set()
@@ -181,19 +183,28 @@ class Subscriber(threading.Thread):
             first = ev.extra_keys[0] if ev.extra_keys else None
             self.samples.append(Sample(tuple(ev.token_ids), _salt_keys(first), tuple(hashes),
                                        ev.block_size))  # fmt: skip
+            self._samples_seen += 1
 
     def verify(self, spec: hashing.HashSpec) -> bool | None:
-        """Whether the parentless chains this worker stored hash as ``spec`` says (None: no
-        sample to tell by)."""
+        """Whether the last parentless chains this worker stored hash as ``spec`` says: False
+        if any does not, None with none to tell by. Computed once per new sample."""
         if spec.algo not in hashing.SUPPORTED_ALGOS:
             return None
+        key = (spec, self._samples_seen)
+        if self._verdict[0] == key:
+            return self._verdict[1]
+        verdict: bool | None = None
         for s in list(self.samples):
             if s.block_size != spec.block_size or s.first_extra is False:
                 continue
             mine = hashing.chain(hashing.none_hash(spec.seed), list(s.token_ids), s.block_size,
                                  s.first_extra)  # fmt: skip
-            return [hashing.external(h) for h in mine] == list(s.hashes)
-        return None
+            if [hashing.external(h) for h in mine] != list(s.hashes):
+                verdict = False
+                break
+            verdict = True
+        self._verdict = (key, verdict)
+        return verdict
 
 
 def _salt_keys(first: list[Any] | None) -> Any:
