@@ -121,6 +121,7 @@ SLEEP_L2: list[Step] = [
     ("weights", lane_sleep.weights, 60, False),
     ("launch", lane_sleep.launch, 120, False),
     ("switch_l2", lane_sleep.switch_l2, 40, True),
+    ("pause", lane_sleep.pause, 90, True),
     ("stop", lane_steps.stop, 0, False),
 ]
 # issue 28, seed 000's shape at an RTX 5090's proportions (configs/sleep-5090-1gpu.yaml): a 4-bit

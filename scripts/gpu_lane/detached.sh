@@ -8,6 +8,9 @@
 #   bash scripts/gpu_lane/detached.sh start sleep:1180 sleep-hybrid:330   # PHASE:BUDGET_S ...
 #   bash scripts/gpu_lane/detached.sh wait 580   # until done or 580 s, then results to $OUT
 #
+# A phase is one of check.sh's, or `planner-shapes` (planner_shapes.sh; its cases from
+# LANE_SHAPES_ONLY=case,case, all when unset), so one warm machine runs them all back to back.
+#
 # $OUT gets lane-detached.tgz (every phase's result, report, log and worker logs, and `progress`)
 # and each phase's result-*.json and report-*.md beside it. Rehearse with LANE_REHEARSAL=1 (as
 # rehearse.sh sets it): `bash scripts/gpu_lane/rehearse.sh detached` does both verbs.
@@ -35,7 +38,12 @@ case $verb in
       for spec in "$@"; do
         phase=${spec%%:*} budget=${spec#*:}
         echo "$(date -u +%H:%M:%S) phase $phase, budget $budget s" >> "$dir/progress"
-        OUT=$dir/$phase LANE_BUDGET_S=$budget bash "$here/check.sh" "$phase" >> "$dir/progress" 2>&1
+        if [ "$phase" = planner-shapes ]; then  # planner_shapes.sh, its cases LANE_SHAPES_ONLY
+          OUT=$dir/$phase LANE_BUDGET_S=$budget LANE_ONLY=${LANE_SHAPES_ONLY:-} \
+            bash "$here/planner_shapes.sh" >> "$dir/progress" 2>&1
+        else
+          OUT=$dir/$phase LANE_BUDGET_S=$budget bash "$here/check.sh" "$phase" >> "$dir/progress" 2>&1
+        fi
         echo "$(date -u +%H:%M:%S) phase $phase ended: $?" >> "$dir/progress"
       done
       touch "$dir/done"' _ "$here" "$dir" "$@" > /dev/null 2>&1 < /dev/null &

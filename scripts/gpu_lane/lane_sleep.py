@@ -18,6 +18,8 @@ while it ran and gpupool's swap metrics.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import random
 import re
@@ -36,6 +38,10 @@ N_LEVEL2 = 3
 MIXED_S = float(os.environ.get("LANE_MIXED_S", "600"))
 MIXED_CLIENTS = 6  # per model
 PROMPT = "Write one sentence about the sea."
+CANARY = "The canary: list the first ten prime numbers, then name the largest ocean."
+CANARY_TOKENS = 32
+# the pause step: a stream long enough to outlast ``swap.pause_after_s`` and a switch both ways
+PAUSE_TOKENS = int(os.environ.get("LANE_PAUSE_TOKENS", "3000"))
 # states in which a member uses the GPU: never two of one group at once
 ON_GPU = ("ready", "waking", "falling_asleep")
 OOM = re.compile(r"out of memory|OutOfMemoryError|CUDA error", re.IGNORECASE)
@@ -137,6 +143,22 @@ async def whole_reply(ctx: Ctx, model: str, max_tokens: int) -> dict[str, Any]:
     return out if ok else out | {"body": r.text[:300]}
 
 
+async def canary(ctx: Ctx, model: str) -> dict[str, Any]:
+    """The canary: one greedy completion of ``CANARY`` (temperature 0, ``CANARY_TOKENS`` tokens).
+    The same weights give the same answer, so the answer after a level-2 wake (weights dropped,
+    read from disk again) must equal the one before the sleep: vLLM users report garbage after
+    level-2 wakes that skipped the reload, which a first token alone would not show."""
+    body = {"model": model, "prompt": CANARY, "max_tokens": CANARY_TOKENS, "temperature": 0,
+            "ignore_eos": True}  # fmt: skip
+    try:
+        r = await ctx.client.post(ctx.gateway().url + "/v1/completions", json=body, timeout=600)
+        text = r.json()["choices"][0]["text"] if r.status_code == 200 else None
+    except Exception as e:  # recorded as the canary's failure
+        return {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    out: dict[str, Any] = {"ok": text is not None, "status": r.status_code, "text": text}
+    return out if text is not None else out | {"body": r.text[:300]}
+
+
 async def switch_l1(ctx: Ctx) -> dict[str, Any]:
     t_from = ctx.lane.elapsed()
     switches, warm = [], []
@@ -218,6 +240,7 @@ async def switch_l2(ctx: Ctx) -> dict[str, Any]:
     restart, not a level-2 switch, and its time is a restart's."""
     t_from = ctx.lane.elapsed()
     runs = []
+    first: dict[str, str | None] = {}  # each model's canary answer before its first level-2 sleep
     for _ in range(N_LEVEL2):
         if ctx.lane.remaining() < 90:
             break
@@ -225,22 +248,157 @@ async def switch_l2(ctx: Ctx) -> dict[str, Any]:
         ws = await _workers(ctx)
         other = next(w["model"] for w in ws.values() if w["model"] != model)
         restarts = ws[name]["restarts"]
+        before = await canary(ctx, model)
+        first.setdefault(model, before.get("text"))
         slept = await ctx.gateway().admin(f"/admin/workers/{name}/sleep?level=2", "POST")
         woke_other = await first_token(ctx, other)
         switch = await first_token(ctx, model)
+        after_canary = await canary(ctx, model)
         after = (await _workers(ctx))[name]
+        same = before.get("text") is not None and after_canary.get("text") == before.get("text")
         runs.append({"worker": name, "sleep_status": slept["status"], "other": woke_other,
                      "switch": switch, "restarted": after["restarts"] - restarts,
-                     "last_error": after.get("last_error")})  # fmt: skip
+                     "last_error": after.get("last_error"), "canary_before": before,
+                     "canary_after": after_canary, "canary_same": same,
+                     "canary_same_as_first": after_canary.get("text") == first[model]})  # fmt: skip
     woken = [r for r in runs if not r["restarted"]]
     return {
         "switch_ttft": _stats([r["switch"].get("ttft_s") for r in woken]),
         "restarts_instead": sum(bool(r["restarted"]) for r in runs),
         "failures": sum(not (r["switch"]["ok"] and r["other"]["ok"]) for r in runs),
+        "canary": {
+            "runs": len(runs),
+            "same_after_wake": sum(r["canary_same"] for r in runs),
+            "same_as_first": sum(r["canary_same_as_first"] for r in runs),
+        },
         "runs": runs,
         "reload_lines": _log_lines(ctx, RELOAD, most=60),
         **_memory(ctx, t_from),
     }
+
+
+async def pause(ctx: Ctx) -> dict[str, Any]:
+    """A switch's pause (``swap.pause_after_s``, vLLM's ``/sleep?mode=keep``): a long greedy
+    stream on the awake model, then a request for the other model. The switch waits
+    ``pause_after_s`` for the stream, pauses it (vLLM preempts it and sleeps), serves the other
+    model, and the next wake of the first resumes the stream where it stopped. The stream must
+    end whole: every token asked for (usage, ``finish_reason`` length), one ``[DONE]``, no error
+    event, and the same text as the same request unpaused just before (greedy: a repeated or
+    lost token shows as a difference; a difference only after the stall could also be the
+    recomputed prefill's rounding, so the step says where the first difference is)."""
+    t_from = ctx.lane.elapsed()
+    name, model = await _awake_worker(ctx)
+    other = next(w["model"] for w in (await _workers(ctx)).values() if w["model"] != model)
+    pause_s = (ctx.config.get("swap") or {}).get("pause_after_s", 60.0)
+    paused_before = await _metric_sum(ctx, "gpupool_swap_paused_requests")
+    reference = await _token_stream(ctx, model, PAUSE_TOKENS)
+    started = asyncio.Event()
+    task = asyncio.create_task(_token_stream(ctx, model, PAUSE_TOKENS, started))
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(started.wait(), 120)
+    t_ask = time.monotonic()
+    asked = await first_token(ctx, other)  # the switch: waits pause_after_s, pauses the stream
+    asked["answered_after_s"] = _r(time.monotonic() - t_ask)
+    stream = await task
+    same = stream.get("text") == reference.get("text")
+    diff = _first_diff(stream.get("text") or "", reference.get("text") or "")
+    whole = (stream.get("ok", False) and stream["completion_tokens"] == PAUSE_TOKENS
+             and stream["finish_reason"] == "length" and stream["done_lines"] == 1
+             and not stream["error_events"])  # fmt: skip
+    texts = {k: v.pop("text", None) for k, v in (("stream", stream), ("reference", reference))}
+    paused = await _metric_sum(ctx, "gpupool_swap_paused_requests") - paused_before
+    return {
+        "worker": name,
+        "pause_after_s": pause_s,
+        "paused_requests": paused,  # 0: the stream ended before the switch paused it (no test)
+        "stream": stream,
+        "reference": reference,
+        "other_request": asked,
+        "stream_whole": whole,
+        "same_text_as_unpaused": same,
+        "first_difference_char": diff,
+        "stall_at_char": stream.get("stall_at_char"),
+        "text_heads": {k: (v or "")[:120] for k, v in texts.items()},
+        "failures": int(not whole) + int(not asked["ok"]) + int(paused < 1),
+        **await _swap_metrics(ctx),
+        **_memory(ctx, t_from),
+    }
+
+
+async def _token_stream(
+    ctx: Ctx, model: str, max_tokens: int, started: asyncio.Event | None = None
+) -> dict[str, Any]:
+    """A greedy streamed completion, every chunk timed: its text, the longest gap between chunks
+    (the stall of a pause) and where in the text it fell, usage, ``[DONE]`` lines, error events."""
+    body = {"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "stream": True,
+            "temperature": 0, "ignore_eos": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    t0 = time.monotonic()
+    parts: list[str] = []
+    last, gap, gap_at, gap_char = t0, 0.0, None, None
+    usage, finish, done, errors, chunks = None, None, 0, [], 0
+    try:
+        async with ctx.client.stream(
+            "POST", ctx.gateway().url + "/v1/completions", json=body, timeout=900
+        ) as r:
+            status = r.status_code
+            async for line in r.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                if line[6:].strip() == "[DONE]":
+                    done += 1
+                    continue
+                obj = json.loads(line[6:])
+                if "error" in obj:
+                    errors.append(str(obj["error"])[:200])
+                    continue
+                usage = obj.get("usage") or usage
+                for ch in obj.get("choices") or []:
+                    now = time.monotonic()
+                    if now - last > gap:
+                        gap, gap_at, gap_char = now - last, now - t0, sum(map(len, parts))
+                    last = now
+                    parts.append(ch.get("text") or "")
+                    chunks += 1
+                    finish = ch.get("finish_reason") or finish
+                    if started is not None and chunks >= 20:
+                        started.set()
+    except Exception as e:  # recorded as the stream's failure
+        return {"ok": False, "error": f"{type(e).__name__}: {e}", "text": "".join(parts),
+                "chunks": chunks, "completion_tokens": None, "finish_reason": finish,
+                "done_lines": done, "error_events": errors}  # fmt: skip
+    return {
+        "ok": status == 200,
+        "status": status,
+        "text": "".join(parts),
+        "chunks": chunks,
+        "completion_tokens": (usage or {}).get("completion_tokens"),
+        "finish_reason": finish,
+        "done_lines": done,
+        "error_events": errors,
+        "total_s": _r(time.monotonic() - t0),
+        "longest_gap_s": _r(gap),
+        "longest_gap_at_s": _r(gap_at),
+        "stall_at_char": gap_char,
+    }
+
+
+def _first_diff(a: str, b: str) -> int | None:
+    """Index of the first character where ``a`` and ``b`` differ; None when equal."""
+    if a == b:
+        return None
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
+
+
+async def _metric_sum(ctx: Ctx, name: str) -> float:
+    r = await ctx.client.get(ctx.gateway().url + "/metrics", timeout=30)
+    return sum(
+        float(ln.rsplit(" ", 1)[1])
+        for ln in r.text.splitlines()
+        if ln.startswith((name + "{", name + " ", name + "_total"))
+    )
 
 
 async def idle(ctx: Ctx) -> dict[str, Any]:

@@ -136,8 +136,8 @@ def _f(x: Any, fmt: str = "{}") -> str:
 
 def gpu_name(r: dict[str, Any]) -> str:
     gpus = _g(r, "hardware", "gpus") or []
-    if not gpus:
-        return "?"
+    if not gpus:  # planner_shapes.py records the card in meta ("NVIDIA H100 80GB HBM3, 81559 MiB")
+        return str(_g(r, "meta", "gpu") or "?").split(",")[0] or "?"
     names = {g.get("name") for g in gpus}
     return f"{len(gpus)}x " + "/".join(sorted(str(n) for n in names))
 
@@ -202,6 +202,42 @@ def throughput_cell(r: dict[str, Any]) -> str:
     return "; ".join(cells) or "-"
 
 
+def swap_cell(r: dict[str, Any]) -> str:
+    """The sleep phases (lane_sleep.py): level-1 and level-2 switches, the level-2 canary, the
+    alternations, the mixed load and a switch's pause."""
+    cells = []
+    l1 = _g(r, "switch_l1", "switch_ttft") or {}
+    if l1.get("n"):
+        cells.append(f"L1 switch p50 {_f(l1.get('p50'))} s")
+    restart = _g(r, "cold_restart", "restart_to_first_token_s")
+    if restart is not None:
+        cells.append(f"restart {_f(restart)} s")
+    alt = _g(r, "alternate") or {}
+    if alt.get("requests"):
+        cells.append(f"{alt['requests']} alternations, {alt.get('failures')} failed")
+    l2 = _g(r, "switch_l2") or {}
+    if l2.get("runs"):
+        canary = l2.get("canary") or {}
+        cells.append(
+            f"L2 switch p50 {_f(_g(l2, 'switch_ttft', 'p50'))} s "
+            f"({l2.get('restarts_instead')} restarts instead, {l2.get('failures')} failed)"
+            + (f", canary same {canary['same_after_wake']}/{canary['runs']}" if canary else "")
+        )
+    mixed = _g(r, "mixed") or {}
+    if mixed.get("requests"):
+        cells.append(f"mixed {mixed['requests']} requests, {mixed.get('failures')} failed")
+    pause = _g(r, "pause") or {}
+    if "stream_whole" in pause:
+        stream = pause.get("stream") or {}
+        cells.append(
+            f"pause: {_f(pause.get('paused_requests'), '{:.0f}')} paused, stall "
+            f"{_f(stream.get('longest_gap_s'))} s, {_f(stream.get('completion_tokens'))} tokens "
+            f"{'whole' if pause['stream_whole'] else 'NOT whole'}, text "
+            f"{'as unpaused' if pause.get('same_text_as_unpaused') else 'differs'}"
+        )
+    return "; ".join(cells) or "-"
+
+
 def ready_cell(r: dict[str, Any]) -> str:
     cold, warm = _g(r, "launch", "ready_after_s"), _g(r, "launch_warm", "ready_after_s")
     return _f(cold) + (f" (warm cache {warm})" if warm is not None else "")
@@ -228,6 +264,7 @@ def row(r: dict[str, Any], link: str) -> list[str]:
         {True: "yes", False: "NO", None: "-"}[stop.get("all_freed")],
         f"{_f(_g(a, 'gpupool', 'hit_rate'))} / {_f(_g(a, 'round-robin', 'hit_rate'))}",
         pitfall_cell(r),
+        swap_cell(r),
         f"[{link}]({link})" if link.endswith(".md") else link,
     ]
 
@@ -249,6 +286,7 @@ HEADER = [
     "stop frees GPUs",
     "prefix hit rate gpupool / RR",
     "seed 000 pitfall",
+    "sleep mode / swap",
     "report",
 ]
 

@@ -56,3 +56,31 @@ def test_a_row_older_than_routing_says_so() -> None:
     assert "older" not in report.commit_cell({"meta": {"commit": changed, "clean": True}})
     assert report.commit_cell({"meta": {}}) == "not recorded"
     assert report.commit_cell({"meta": {"commit": changed, "clean": False}}).endswith("+ changes")
+
+
+def test_the_sleep_phases_show_their_switches_canary_and_pause() -> None:
+    r = {
+        "switch_l2": {
+            "switch_ttft": {"n": 3, "p50": 9.5},
+            "restarts_instead": 0,
+            "failures": 0,
+            "canary": {"runs": 3, "same_after_wake": 3, "same_as_first": 3},
+            "runs": [{}, {}, {}],
+        },
+        "pause": {
+            "paused_requests": 1.0,
+            "stream": {"longest_gap_s": 31.2, "completion_tokens": 3000},
+            "stream_whole": True,
+            "same_text_as_unpaused": False,
+        },
+    }
+    cell = report.swap_cell(r)
+    assert "L2 switch p50 9.5 s (0 restarts instead, 0 failed), canary same 3/3" in cell
+    assert "pause: 1 paused, stall 31.2 s, 3000 tokens whole, text differs" in cell
+    assert report.swap_cell({}) == "-"
+
+
+def test_a_planner_shapes_row_names_its_card() -> None:
+    assert report.gpu_name({"meta": {"gpu": "NVIDIA H100 80GB HBM3, 81559 MiB"}}) == (
+        "NVIDIA H100 80GB HBM3"
+    )
