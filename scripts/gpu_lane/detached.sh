@@ -7,9 +7,12 @@
 #
 #   bash scripts/gpu_lane/detached.sh start sleep:1180 sleep-hybrid:330   # PHASE:BUDGET_S ...
 #   bash scripts/gpu_lane/detached.sh wait 580   # until done or 580 s, then results to $OUT
+#   bash scripts/gpu_lane/detached.sh wait 580 planner-shapes   # or until that phase has ended
 #
 # A phase is one of check.sh's, or `planner-shapes` (planner_shapes.sh; its cases from
 # LANE_SHAPES_ONLY=case,case, all when unset), so one warm machine runs them all back to back.
+# PHASE:BUDGET_S:STEP,STEP runs only those steps of a check.sh phase (its LANE_ONLY), e.g.
+# `dense:300:hardware,launch,kill,stop`.
 #
 # $OUT gets lane-detached.tgz (every phase's result, report, log and worker logs, and `progress`)
 # and each phase's result-*.json and report-*.md beside it. Rehearse with LANE_REHEARSAL=1 (as
@@ -36,13 +39,15 @@ case $verb in
     setsid nohup bash -c '
       here=$1 dir=$2; shift 2
       for spec in "$@"; do
-        phase=${spec%%:*} budget=${spec#*:}
+        phase=${spec%%:*} budget=${spec#*:} only=
+        case $budget in *:*) only=${budget#*:} budget=${budget%%:*} ;; esac
         echo "$(date -u +%H:%M:%S) phase $phase, budget $budget s" >> "$dir/progress"
         if [ "$phase" = planner-shapes ]; then  # planner_shapes.sh, its cases LANE_SHAPES_ONLY
           OUT=$dir/$phase LANE_BUDGET_S=$budget LANE_ONLY=${LANE_SHAPES_ONLY:-} \
             bash "$here/planner_shapes.sh" >> "$dir/progress" 2>&1
         else
-          OUT=$dir/$phase LANE_BUDGET_S=$budget bash "$here/check.sh" "$phase" >> "$dir/progress" 2>&1
+          OUT=$dir/$phase LANE_BUDGET_S=$budget LANE_ONLY=$only bash "$here/check.sh" "$phase" \
+            >> "$dir/progress" 2>&1
         fi
         echo "$(date -u +%H:%M:%S) phase $phase ended: $?" >> "$dir/progress"
       done
@@ -50,8 +55,11 @@ case $verb in
     echo "started: $* (in $dir, pid $!)"
     ;;
   wait)
-    end=$(( $(date +%s) + ${2:-580} ))
-    until [ -e "$dir/done" ] || [ "$(date +%s)" -ge "$end" ]; do sleep 5; done
+    end=$(( $(date +%s) + ${2:-580} )) upto=${3:-}
+    until [ -e "$dir/done" ] || [ "$(date +%s)" -ge "$end" ] \
+        || { [ -n "$upto" ] && grep -q "phase $upto ended" "$dir/progress" 2>/dev/null; }; do
+      sleep 5
+    done
     [ -e "$dir/done" ] && echo "all phases done" || echo "still running"
     tail -n 30 "$dir/progress" 2>/dev/null
     out=${OUT:-/tmp/lane-out}
@@ -60,5 +68,5 @@ case $verb in
     for f in "$dir"/*/result-*.json "$dir"/*/report-*.md; do [ -e "$f" ] && cp "$f" "$out/"; done
     ls -la "$out"
     ;;
-  *) echo "usage: detached.sh start PHASE:BUDGET_S... | wait SECONDS" >&2; exit 2 ;;
+  *) echo "usage: detached.sh start PHASE:BUDGET_S[:STEPS]... | wait SECONDS [PHASE]" >&2; exit 2 ;;
 esac

@@ -160,8 +160,17 @@ async def _kill_under_load(ctx: Ctx, bg: Background) -> dict[str, Any]:
     near = [o for t, o in bg.outcomes if t_kill <= t <= t_kill + 15 and o.kind() != "complete"]
     errors = [o for t, o in bg.outcomes if t >= t_kill and o.kind() != "complete"]
     dip = ctx.sampler.between(t_kill, t_ready)
+    # streams running at the kill (ended after it, began before it) on the killed worker: with
+    # migration (routing.migrations) they end complete on another; their longest gap between two
+    # chunks is the client's wait for the next token
+    running = [o for t, o in bg.outcomes
+               if t >= t_kill and t - o.total_ms / 1000 <= t_kill and o.kind() == "complete"
+               and o.max_gap_ms > 0 and o.worker == target]  # fmt: skip
+    gaps = sorted(o.max_gap_ms for o in running)
     return {
         "worker": target,
+        "running_at_kill_complete": len(running),
+        "next_token_gap_ms": _gap_stats(gaps),
         "inflight_at_kill": inflight,
         "killed_pid": victims[0],
         "guard_pid": guard,
@@ -188,6 +197,12 @@ async def _kill_under_load(ctx: Ctx, bg: Background) -> dict[str, Any]:
         "gpu_processes_after": lane_gpu.apps_by_worker(gw.guards()),
         "relaunch": ctx.launches(target)[-1]["figures"] if ctx.launches(target) else None,
     }
+
+
+def _gap_stats(gaps: list[float]) -> dict[str, Any]:
+    if not gaps:
+        return {"n": 0}
+    return {"n": len(gaps), "p50": round(gaps[len(gaps) // 2], 1), "max": round(gaps[-1], 1)}
 
 
 async def drain(ctx: Ctx) -> dict[str, Any]:

@@ -103,6 +103,8 @@ class Outcome:
     worker: str | None = None
     exception: str | None = None
     body: str = ""
+    max_gap_ms: float = 0.0  # the longest wait between two chunks (a migration's: the next token)
+    last_at: float | None = None
 
     def kind(self) -> str:
         if self.exception:
@@ -121,8 +123,12 @@ def _read_line(o: Outcome, line: str, t0: float) -> None:
     if data == "[DONE]":
         o.done = True
         return
+    now = time.perf_counter()
     if o.ttft_ms is None:
-        o.ttft_ms = (time.perf_counter() - t0) * 1000
+        o.ttft_ms = (now - t0) * 1000
+    if o.last_at is not None:
+        o.max_gap_ms = max(o.max_gap_ms, (now - o.last_at) * 1000)
+    o.last_at = now
     o.chunks += 1
     if data.startswith('{"error"') or '"error":' in data[:20]:
         o.error_event = data[:300]

@@ -175,6 +175,9 @@ def kill_cell(r: dict[str, Any]) -> str:
     cell = f"{back} in {_f(k.get('ready_again_after_s'))} s, {events} error events"
     if "client_errors" in k:  # since request migration (issue 36)
         cell += f", {k['client_errors']} client errors, {k.get('migrated_streams', 0)} migrated"
+    gap = k.get("next_token_gap_ms") or {}
+    if gap.get("n"):  # the streams running on the killed worker: their wait for the next token
+        cell += f", next token p50 {gap['p50']} ms (max {gap['max']}, {gap['n']} streams)"
     return cell
 
 

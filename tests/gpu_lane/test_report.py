@@ -84,3 +84,20 @@ def test_a_planner_shapes_row_names_its_card() -> None:
     assert report.gpu_name({"meta": {"gpu": "NVIDIA H100 80GB HBM3, 81559 MiB"}}) == (
         "NVIDIA H100 80GB HBM3"
     )
+
+
+def test_a_kill_with_migration_shows_the_next_token_gap() -> None:
+    r = {
+        "kill": {
+            "recovered": True,
+            "ready_again_after_s": 60.1,
+            "client_outcomes": {"complete": 96},
+            "client_errors": 0,
+            "migrated_streams": 40.0,
+            "next_token_gap_ms": {"n": 40, "p50": 812.0, "max": 1500.2},
+        }
+    }
+    assert report.kill_cell(r) == (
+        "back in 60.1 s, 0 error events, 0 client errors, 40.0 migrated, next token p50 812.0 ms "
+        "(max 1500.2, 40 streams)"
+    )
