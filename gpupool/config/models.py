@@ -344,7 +344,10 @@ class WorkerKvEvents(_Strict):
     "tcp://*:PORT", "replay_endpoint": "tcp://*:PORT2"}'`)."""
 
     endpoint: str = Field(
-        ..., pattern=r"^(tcp|ipc)://", description="Its PUB socket: tcp://host:port (or ipc://)."
+        ...,
+        pattern=r"^(tcp|ipc)://",
+        description="Its PUB socket: tcp://host:port (or ipc://). `{host}` is the host of the "
+        "worker's URL: for workers found by DNS, which all publish on the same port.",
     )
     replay_endpoint: str | None = Field(
         None, pattern=r"^(tcp|ipc)://", description="Its replay socket (gaps are filled from it)."

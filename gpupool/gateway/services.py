@@ -303,6 +303,8 @@ def discovery_hooks(svc: Services) -> DiscoveryHooks:
 
     def removed(w: Worker) -> None:
         svc.metrics.forget_worker(w.model, w.name)
+        if svc.kv is not None:
+            svc.kv.pool.remove(w.name)
         svc.write_sd_file()
 
     def failed(entry: str) -> None:

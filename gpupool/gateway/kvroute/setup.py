@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from gpupool.config.models import GpupoolConfig, WorkerConfig
 from gpupool.gateway.kvroute.predict import KvRouting
 from gpupool.gateway.metrics import Metrics
@@ -11,11 +13,22 @@ from gpupool.workers.registry import Registry
 
 
 def kv_source(wc: WorkerConfig) -> KvSource | None:
-    """A ``url:`` worker's configured event source."""
+    """A ``url:`` worker's configured event source; ``{host}`` in an endpoint is the host of
+    the worker's URL (the port convention of workers found by DNS: every address publishes on
+    the same ports)."""
     kv = wc.kv_events
     if kv is None:
         return None
-    return KvSource(kv.endpoint, kv.replay_endpoint, kv.topic, kv.hash_seed)
+    host = urlsplit(wc.url).hostname or "" if wc.url else ""
+    if ":" in host:
+        host = f"[{host}]"  # an IPv6 address, as ZMQ writes it
+
+    def fill(endpoint: str | None) -> str | None:
+        return endpoint.replace("{host}", host) if endpoint else endpoint
+
+    endpoint = fill(kv.endpoint)
+    assert endpoint is not None
+    return KvSource(endpoint, fill(kv.replay_endpoint), kv.topic, kv.hash_seed)
 
 
 def build_kv(cfg: GpupoolConfig, registry: Registry, metrics: Metrics) -> KvRouting | None:
