@@ -3,7 +3,8 @@
 A fenced block preceded by one of these HTML comments (invisible on the site) is a test:
 
     <!-- test: run -->           python: run in the page's namespace; sh: ``bash -euo pipefail`` in
-                                 the repository root with ``gpupool`` on the PATH
+                                 a folder of the page's own where the checkout's files are linked
+                                 (nothing is written in the checkout), ``gpupool`` on the PATH
     <!-- test: config -->        yaml: ``gpupool check`` passes on it
     <!-- test: serve FILE -->    yaml: says what FILE says; the page's later snippets talk to a
                                  gateway serving FILE instead of ``config/gpupool.yaml``
@@ -137,7 +138,7 @@ def evaluate(example: Example) -> str | None:
     if ADDRESS in source:
         source = source.replace(ADDRESS, ns["gateways"].address(ns.get("served", DEFAULT_CONFIG)))
     if lang == "sh":
-        return _run_sh(source, where)
+        return _run_sh(source, where, _workdir(ns))
     try:
         exec(compile(source, where, "exec"), ns)
     except Exception as e:  # the snippet's own failure, reported with where it is
@@ -151,9 +152,21 @@ def _env() -> dict[str, str]:
             "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}  # fmt: skip
 
 
-def _run_sh(source: str, where: str) -> str | None:
+def _workdir(ns: dict[str, Any]) -> Path:
+    """The page's shell folder: the checkout's files linked in, so `config/...` reads as in the
+    checkout, while whatever a snippet writes (`gpupool init -o gpupool.yaml`) stays out of it."""
+    if "workdir" not in ns:
+        work = Path(tempfile.mkdtemp(dir=ns["gateways"].tmp, prefix="sh-"))
+        for entry in ROOT.iterdir():
+            if not entry.name.startswith("."):
+                (work / entry.name).symlink_to(entry)
+        ns["workdir"] = work
+    return Path(ns["workdir"])
+
+
+def _run_sh(source: str, where: str, cwd: Path) -> str | None:
     argv = ["bash", "-euo", "pipefail", "-c", source]
-    r = subprocess.run(argv, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120,
+    r = subprocess.run(argv, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=120,
                        stdin=subprocess.DEVNULL)  # fmt: skip
     if r.returncode != 0:
         return f"{where}: exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"

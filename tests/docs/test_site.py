@@ -16,7 +16,7 @@ from tests.support.procs import ROOT
 
 MKDOCS = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir"]
 # what mkdocs.yml's snippets include from outside docs/
-INCLUDED = ["CHANGELOG.md", "scripts/gpu_lane/README.md"]
+INCLUDED = ["CHANGELOG.md", "DEVELOPING.md", "scripts/gpu_lane/README.md"]
 
 
 def build(root: Path, site: Path) -> subprocess.CompletedProcess[str]:
