@@ -227,7 +227,8 @@ class Metrics:
         # request migration (pipeline/migrate.py): an answer moved after it began
         self.migrations = Counter(
             "gpupool_migrations", "Requests moved to another worker after their answer began, "
-            "by cause (worker_died; worker_out: taken out by its checks; drain; restart) and "
+            "by cause (worker_died; worker_out: taken out by its checks; timeout; drain; restart) "
+            "and "
             "outcome (continued: a stream went on from its text; restarted: sent again, "
             "nothing had reached the client; ended: "
             "every token had gone out, the gateway ended the stream; refused: it cannot be "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -191,3 +192,43 @@ def test_a_request_never_goes_back_to_a_worker_it_left(tmp_path: Path) -> None:
     assert read.status == 200 and read.events[-1] == b"data: [DONE]"
     assert "error" in read.objects()[-1], read.raw[-300:]
     assert (continued, failed) == (1, 1)
+
+
+def test_a_stream_its_worker_keeps_silent_moves_at_the_read_deadline(tmp_path: Path) -> None:
+    """A worker that stops sending mid-stream (frozen here: SIGSTOP) is left at
+    ``upstream_read_timeout_s``: the stream goes on on the other worker, the bound is counted
+    against the silent one and logged, and it has the undisturbed text."""
+    slow = sim(model=MODEL, tmp=tmp_path, max_num_seqs=4, itl_ms=50, output_tokens=80)
+    other = sim(model=MODEL, tmp=tmp_path, max_num_seqs=4, itl_ms=5, output_tokens=80)
+    cfg = gateway_config([("slow", slow, 1), ("other", other, 1)], routing=NO_AFFINITY,
+                         server={"upstream_read_timeout_s": 1.0})  # fmt: skip
+    gw = gateway(cfg, tmp_path)
+    reqs = [("/v1/chat/completions", _chat(i)) for i in range(2)]
+    with running(slow, other), running(gw, ready_path="/ready"):
+        reference = asyncio.run(_all(other.url, reqs))
+
+        async def scenario() -> list[Read]:
+            async with async_client(2) as c:
+                tasks = [asyncio.create_task(_one(c, gw.url, p, b)) for p, b in reqs]
+                await asyncio.to_thread(wait_until, "slow streaming", lambda: _running(slow), 15)
+                await asyncio.sleep(0.2)  # a few of its tokens went out
+                slow.kill(signal.SIGSTOP)  # frozen mid-stream
+                return list(await asyncio.gather(*tasks))
+
+        try:
+            reads = asyncio.run(scenario())
+        finally:
+            slow.kill(signal.SIGCONT)
+        assert_nothing_held(gw.url)
+        moved = _metric(gw, "gpupool_migrations_total", cause="timeout", outcome="continued")
+        log = Path(gw.log_path).read_text()
+    assert [r.text() for r in reads] == [r.text() for r in reference]
+    assert all(not any("error" in o for o in r.objects()) for r in reads)
+    assert moved == 1
+    assert "worker slow crossed upstream_read_timeout_s" in log
+    assert re.search(r"worker slow failed mid-answer \(timeout\); continued after \d+ tokens "
+                     r"on worker other", log)  # fmt: skip
+
+
+def _running(p: Proc) -> int:
+    return int(httpx.get(p.url + "/sim/stats", timeout=5).json()["running"])

@@ -111,7 +111,7 @@ class Dispatcher:
         cause = m.cause(ex, e) if m is not None else None
         if m is None or cause is None:
             return False
-        if cause == "worker_died":
+        if cause == "worker_died" or e.limit is not None:
             self.broke(ex, e)
         if not await m.move(ex, cause, "sent again"):
             ex.status = "upstream_error"
@@ -179,6 +179,9 @@ class Dispatcher:
     def broke(self, ex: Exchange, e: UpstreamFailure) -> None:
         """Count a request's failure against its worker; one past a bound on what a worker
         may send (``e.limit``) is logged with the worker's name and the bound."""
+        if e.counted:
+            return
+        e.counted = True
         if e.limit is None:
             self._failed(ex.worker, str(e))
             return

@@ -167,7 +167,7 @@ class Relay:
         cause = m.cause(ex, e) if m is not None else None
         if m is None or cause is None:
             return False
-        if cause == "worker_died":
+        if cause == "worker_died" or e.limit is not None:
             self.dispatcher.broke(ex, e)
         if not await m.move(ex, cause, "sent again"):
             return False
@@ -398,7 +398,7 @@ class Relay:
         if body is None:
             m.record(ex, cause, "ended")
             return end_events(progress, chat)
-        if cause == "worker_died":
+        if cause == "worker_died" or e.limit is not None:
             self.dispatcher.broke(ex, e)
         sent = progress.tokens
         what = f"continued after {sent} tokens" if progress.parts else "sent again"

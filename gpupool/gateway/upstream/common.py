@@ -46,10 +46,11 @@ class UpstreamFailure(Exception):
 
     ``cause``: why a request that has begun may continue on another worker (request migration,
     ``pipeline/migrate.py``): ``worker_died`` when the worker closed or reset the connection
-    itself, ``worker_out`` when the gateway cut a worker its checks took out, or the operator
-    action that cut it (``drain``, ``restart``). None when it must not continue elsewhere: a
-    bound crossed (a worker that lies is not trusted with a second try), or the gateway
-    shutting down.
+    itself, ``worker_out`` when the gateway cut a worker its checks took out, ``timeout`` when
+    the worker kept silent past a read deadline, or the operator action that cut it (``drain``,
+    ``restart``). None when it must not continue elsewhere: any other bound crossed (a worker
+    that sends what it must not is not trusted with a second try), or the gateway shutting
+    down.
     """
 
     def __init__(
@@ -66,6 +67,7 @@ class UpstreamFailure(Exception):
         self.died = died
         self.limit = limit
         self.cause = cause
+        self.counted = False  # counted against its worker already (``Dispatcher.broke``)
 
 
 DROP_REQUEST_HEADERS = frozenset(h.encode() for h in DROP_REQUEST)

@@ -499,10 +499,10 @@ class _Conn(asyncio.Protocol):
         elif self._stream:
             phase = "its head" if self.state == _HEAD else "a line of its stream"
             what = f"worker timed out: no {phase} in {lim.idle_s:g} s"
-            self.fail(over("upstream_read_timeout_s", what))
+            self.fail(over("upstream_read_timeout_s", what, "timeout"))
         else:
             what = f"worker timed out: no whole answer in {lim.total_s:g} s"
-            self.fail(over("upstream_total_timeout_s", what))
+            self.fail(over("upstream_total_timeout_s", what, "timeout"))
 
     def _held(self, due: float, now: float) -> float:
         """A stream's idle deadline, moved to ``idle_s`` after the last time its worker held

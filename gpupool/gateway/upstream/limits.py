@@ -47,7 +47,9 @@ class WorkerLimits:
         )
 
 
-def over(limit: str, what: str) -> UpstreamFailure:
+def over(limit: str, what: str, cause: str | None = None) -> UpstreamFailure:
     """The failure of a worker past ``limit`` (a config field's name): sent, not died, so it is
-    never retried on another worker (the request may have run) and counts as the worker's."""
-    return UpstreamFailure(what, sent=True, limit=limit)
+    never retried on another worker before the first byte (the request may have run) and
+    counts as the worker's. ``cause``: a deadline's (``timeout``) lets the request move to
+    another worker (migration)."""
+    return UpstreamFailure(what, sent=True, limit=limit, cause=cause)
