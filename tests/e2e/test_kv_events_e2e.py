@@ -153,3 +153,13 @@ def _hello(pub: KvPublisher, gw: Proc) -> bool:
 def _metric(gw: Proc, name: str) -> dict[str, float]:
     text = httpx.get(gw.url + "/metrics", timeout=10).text
     return {m[1]: float(m[2]) for m in re.finditer(rf"^{name}\{{(.*)\}} (\S+)$", text, re.M)}
+
+
+def test_the_index_is_bounded_by_the_workers_own_blocks(stack: dict[str, Any]) -> None:
+    """The fake shows 1000 blocks: storing more keeps the most recent 1000."""
+    gw, pub = stack["gw"], stack["pubs"]["w2"]
+    _worker_of(gw, _body())  # a precise request applies the worker's bound
+    pub.publish(wire.BlockStored(list(range(10**6, 10**6 + 1500)), 1, [0] * 1500 * 128, 128,
+                                 medium="GPU"))  # fmt: skip
+    _until(lambda: _kv(gw, "w2")["evicted"] >= 500, "evicted")
+    assert _kv(gw, "w2")["blocks"] == 1000

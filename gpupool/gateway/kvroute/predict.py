@@ -130,6 +130,8 @@ class KvRouting:
             self._count(route.model, f"approximate: {e}")
             return route
         cached, hashes = {}, {}
+        for w in precise:
+            self._bound(w)
         for name, spec in specs.items():
             index = self.pool.index(name)
             if index is None:
@@ -139,6 +141,13 @@ class KvRouting:
             cached[name], hashes[name] = hit * spec.block_size, blocks
         self._count(route.model, "precise")
         return replace(route, kv=KvPrediction(len(ids), cached, hashes))
+
+    def _bound(self, w: Worker) -> None:
+        """The index holds at most what the worker's cache can: its block count, as vLLM
+        shows it, under ``max_blocks_per_worker``."""
+        index, info = self.pool.index(w.name), w.cache_info
+        if index is not None and info is not None and info.num_blocks:
+            index.max_blocks = min(self.pool.max_blocks, info.num_blocks)
 
     def placed(self, route: RouteRequest, worker: str) -> None:
         """The request was placed on ``worker``: its blocks count there at once."""
