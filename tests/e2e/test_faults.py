@@ -245,9 +245,10 @@ def frozen(tmp_path_factory: pytest.TempPathFactory) -> FrozenRun:
 
 
 def test_frozen_worker_requests_end_with_an_error_not_a_retry(frozen: FrozenRun) -> None:
-    """A request the frozen worker received may still run when it thaws: it is not retried
-    elsewhere (that could run it twice); its client gets a 502 once the read times out or the
-    worker is taken out. Requests on the healthy worker succeed."""
+    """A request the frozen worker received ends in time: at the read deadline (or when the
+    worker is taken out) it moves to the healthy worker (request migration, issue 36: its
+    worker request id there is ``<id>-m1``, so it is not "executed twice" by id) or, where it
+    cannot, gets a 502. Requests on the healthy worker succeed."""
     during = frozen.busy.during
     _assert_nothing_lost(during, {"200", "502"})
     assert "200" in labels(during)

@@ -232,3 +232,30 @@ def test_a_stream_its_worker_keeps_silent_moves_at_the_read_deadline(tmp_path: P
 
 def _running(p: Proc) -> int:
     return int(httpx.get(p.url + "/sim/stats", timeout=5).json()["running"])
+
+
+def test_a_url_workers_drain_moves_what_outlives_its_deadline(tmp_path: Path) -> None:
+    """``drain?timeout_s=`` on a ``url:`` worker: its streams still running at the deadline go
+    on on the other worker (cause ``drain``) instead of running on after it stopped."""
+    a = sim(model=MODEL, tmp=tmp_path, max_num_seqs=4, itl_ms=60, output_tokens=80)
+    b = sim(model=MODEL, tmp=tmp_path, max_num_seqs=4, itl_ms=5, output_tokens=80)
+    cfg = gateway_config([("a", a, 2), ("b", b, 2)], routing=NO_AFFINITY)
+    gw = gateway(cfg, tmp_path)
+    reqs = [("/v1/completions", _completion(i, **USAGE)) for i in range(4)]
+    with running(a, b), running(gw, ready_path="/ready"):
+        reference = asyncio.run(_all(b.url, reqs))
+
+        async def scenario() -> list[Read]:
+            async with async_client(4) as c:
+                tasks = [asyncio.create_task(_one(c, gw.url, p, body)) for p, body in reqs]
+                await asyncio.to_thread(wait_until, "a streaming", lambda: _running(a) == 2, 15)
+                r = await c.post(gw.url + "/admin/workers/a/drain?timeout_s=0.3")
+                assert r.status_code == 200 and r.json()["state"] == "stopped", r.text
+                return list(await asyncio.gather(*tasks))
+
+        reads = asyncio.run(scenario())
+        assert_nothing_held(gw.url)
+        moved = _metric(gw, "gpupool_migrations_total", cause="drain", outcome="continued")
+    assert [r.text() for r in reads] == [r.text() for r in reference]
+    assert [r.usage() for r in reads] == [r.usage() for r in reference]
+    assert moved == 2
