@@ -121,6 +121,11 @@ class PayloadTooLarge(GatewayError):
     type = "RequestEntityTooLarge"
 
 
+class UnsupportedMediaType(GatewayError):
+    status = 415
+    type = "UnsupportedMediaTypeError"
+
+
 class RequestTimeout(GatewayError):
     status = 408
     type = "RequestTimeout"

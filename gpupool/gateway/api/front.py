@@ -103,7 +103,7 @@ class Front:
         extra = [(b"x-request-id", theirs or ours)]
         headers: list[tuple[bytes, bytes]] = scope["headers"]
         try:
-            principal = self.auth.check(scope["path"], headers)
+            principal = self.auth.check(scope["method"], scope["path"], headers)
             if scope["method"] != kind.method:
                 raise MethodNotAllowed("Method Not Allowed")
             raw = await _body(self.server, headers, receive)
@@ -128,7 +128,7 @@ class Front:
             return False
         lane.kind = kind
         try:
-            lane.principal = self.auth.check(lane.path, lane.headers)
+            lane.principal = self.auth.check(method.decode("latin-1"), lane.path, lane.headers)
             if method != b"POST":
                 raise MethodNotAllowed("Method Not Allowed")
         except GatewayError as e:

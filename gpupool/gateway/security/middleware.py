@@ -1,4 +1,5 @@
-"""Authentication as pure ASGI middleware: 401 without a valid key, 403 for the wrong kind.
+"""Authentication as pure ASGI middleware: 401 without a valid key, 403 for the wrong kind; before
+the key, what a page on another site may not send (``browser.py``: 415 / 403).
 
 ``/health`` and the pool page's static files (``/ui``: no data; the page asks for the admin
 key and sends it with ``fetch()``, see ``gateway/api/ui_routes.py``) are always open, ``/metrics``
@@ -24,6 +25,7 @@ from gpupool.config.models import ApiKey, AuthConfig
 from gpupool.gateway.api.errors import reject
 from gpupool.gateway.api.ui_routes import PAGE_PATHS
 from gpupool.gateway.errors import Forbidden, GatewayError, Unauthorized
+from gpupool.gateway.security.browser import BrowserGuard
 from gpupool.gateway.security.keys import KeyStore, Principal, presented_key
 
 if TYPE_CHECKING:
@@ -39,12 +41,14 @@ class AuthState:
     cfg: AuthConfig
     store: KeyStore
     open_paths: frozenset[str]
+    guard: BrowserGuard
 
     @classmethod
     def build(cls, cfg: AuthConfig, store: KeyStore | None = None) -> AuthState:
         """Reads the keys file unless ``store`` is given (``KeysFileError`` when invalid)."""
         opened = _ALWAYS_OPEN | ({"/metrics"} if cfg.metrics_open else set())
-        return cls(cfg, store or KeyStore(cfg), frozenset(opened))
+        guard = BrowserGuard.of(not cfg.enabled, cfg.allowed_hosts, PAGE_PATHS)
+        return cls(cfg, store or KeyStore(cfg), frozenset(opened), guard)
 
 
 class Authenticator:
@@ -70,9 +74,11 @@ class Authenticator:
         state = self.state
         return not state.cfg.enabled or state.store.knows(key)
 
-    def check(self, path: str, headers: list[tuple[bytes, bytes]]) -> Principal | None:
-        """The caller, or None where no key is needed; Unauthorized / Forbidden otherwise."""
+    def check(self, method: str, path: str, headers: list[tuple[bytes, bytes]]) -> Principal | None:
+        """The caller, or None where no key is needed; Unauthorized / Forbidden otherwise, and
+        first what a page on another site may not send (``browser.py``)."""
         state = self.state
+        state.guard.check(method, path, headers)
         if not state.cfg.enabled or path in state.open_paths:
             return None
         secret = presented_key(headers)
@@ -109,7 +115,7 @@ class AuthMiddleware:
             await self.app(scope, receive, send)
             return
         try:
-            principal = self._auth(scope).check(scope["path"], scope["headers"])
+            principal = self._auth(scope).check(scope["method"], scope["path"], scope["headers"])
         except GatewayError as e:
             await reject(e, send)
             return

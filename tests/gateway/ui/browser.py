@@ -29,14 +29,16 @@ def need_chromium() -> None:
 
 
 @contextlib.contextmanager
-def chromium(profile: Path, width: int = 1280, height: int = 900) -> Iterator[Any]:
+def chromium(
+    profile: Path, width: int = 1280, height: int = 900, flags: tuple[str, ...] = ()
+) -> Iterator[Any]:
     need_chromium()
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in [*FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}"]:
+    for flag in [*FLAGS, *flags, f"--user-data-dir={profile}", f"--window-size={width},{height}"]:
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     service = Service(executable_path=CHROMEDRIVER, log_output=str(profile.parent / "driver.log"))
