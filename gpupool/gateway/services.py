@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,17 +148,38 @@ class Services:
 
     async def drain(self, worker: Worker, timeout_s: float, cause: str = "drain") -> None:
         """Stop new traffic to ``worker``; its running requests finish, or at ``timeout_s``
-        move to another worker (``_at_deadline``); then it stops."""
+        move to another worker (``_at_deadline``). A launched worker's process stays up and
+        warm (``Supervisor.drain``: Resume is instant); a ``url:`` worker is ``stopped``."""
+        work: Awaitable[object]
+        if worker.supervised:
+            work = self.supervisor.drain(worker.name, timeout_s + MOVE_GRACE_S)
+        else:
+            work = self._drain_url(worker, timeout_s + MOVE_GRACE_S)
+        await self._by_deadline(worker, timeout_s, cause, work)
+
+    async def stop(self, worker: Worker, timeout_s: float) -> None:
+        """As :meth:`drain`, then a launched worker's process ends
+        (``Supervisor.stop_worker``): its GPU is free, a Resume is a cold start."""
+        work: Awaitable[object]
+        if worker.supervised:
+            work = self.supervisor.stop_worker(worker.name, timeout_s + MOVE_GRACE_S)
+        else:
+            work = self._drain_url(worker, timeout_s + MOVE_GRACE_S)
+        await self._by_deadline(worker, timeout_s, "stop", work)
+
+    async def _by_deadline(
+        self, worker: Worker, timeout_s: float, cause: str, work: Awaitable[object]
+    ) -> None:
         deadline = asyncio.create_task(self._at_deadline(worker, timeout_s, cause))
         try:
-            if worker.supervised:
-                await self.supervisor.drain(worker.name, timeout_s + MOVE_GRACE_S)
-                return
-            self.registry.transition(worker, WorkerState.draining)
-            await self.registry.wait_idle(worker, timeout_s + MOVE_GRACE_S)
-            self.registry.transition(worker, WorkerState.stopped)
+            await work
         finally:
             deadline.cancel()
+
+    async def _drain_url(self, worker: Worker, timeout_s: float) -> None:
+        self.registry.transition(worker, WorkerState.draining)
+        await self.registry.wait_idle(worker, timeout_s)
+        self.registry.transition(worker, WorkerState.stopped)
 
     async def restart(self, worker: Worker, timeout_s: float) -> None:
         """Restart a launched worker: drained with a deadline (its requests still running
@@ -168,9 +189,10 @@ class Services:
         await self.supervisor.restart(worker.name)
 
     async def _at_deadline(self, worker: Worker, timeout_s: float, cause: str) -> None:
-        """At a drain's or restart's deadline, the requests still running on ``worker`` have
-        their connections cut with ``cause``: they continue on another worker where they may
-        (``pipeline/migrate.py``), else end with an error as the stop would end them."""
+        """At a drain's, stop's or restart's deadline, the requests still running on
+        ``worker`` have their connections cut with ``cause``: they continue on another worker
+        where they may (``pipeline/migrate.py``), else end with an error as the stop would end
+        them."""
         await asyncio.sleep(timeout_s)
         for _ in range(_BEGIN_POLLS):  # a supervisor's drain that has not begun yet
             if worker.state is not WorkerState.ready:

@@ -11,6 +11,7 @@ Only the address and the state directory are changed (a free port, a temporary d
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,3 +103,35 @@ def test_more_models_than_gpus_on_the_simulator(tmp_path: Path) -> None:
             states = {w["name"]: w["state"] for w in workers}
             assert states[model] == "ready"
             assert list(states.values()).count("ready") == 1, states
+
+
+def test_drain_keeps_a_launched_worker_warm_and_stop_is_its_own_action(
+    default_gw: Served,
+) -> None:
+    """On the default config's launched workers: Drain takes no new requests and keeps the
+    process (Resume answers ``ready`` at once, the same process); Stop ends it; each answer
+    names the state the action leads to (a Resume from stopped: ``starting``)."""
+    if default_gw.split:
+        pytest.skip("once is enough")
+    admin = default_gw.url + "/admin/workers/small"
+    before = httpx.get(admin, timeout=10).json()
+    drained = httpx.post(admin + "/drain", timeout=60).json()
+    assert drained["state"] == "draining" and drained["pid"] == before["pid"]
+    resumed = httpx.post(admin + "/undrain", timeout=60).json()
+    assert resumed["state"] == "ready" and resumed["pid"] == before["pid"]
+    stopped = httpx.post(admin + "/stop", timeout=60).json()
+    assert stopped["state"] == "stopped" and stopped["pid"] is None
+    started = httpx.post(admin + "/undrain", timeout=60).json()
+    assert started["state"] == "starting"
+    restarted = httpx.post(default_gw.url + "/admin/workers/big/restart", timeout=60).json()
+    assert restarted["state"] == "starting"
+    for name in ("small", "big"):
+        for _ in range(300):
+            if (
+                httpx.get(default_gw.url + f"/admin/workers/{name}", timeout=10).json()["state"]
+                == "ready"
+            ):
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"{name} never ready again")

@@ -218,7 +218,7 @@ def test_a_background_stream_is_resumed_from_its_worker(stack: dict[str, Any]) -
 def test_a_response_whose_worker_is_gone_is_vllms_404_said_plainly(
     stack: dict[str, Any],
 ) -> None:
-    """Stored on w2, then w2 drained (stopped): its id is a 404 saying why. The cache cases
+    """Stored on w2, then w2 stopped: its id is a 404 saying why. The cache cases
     below run on w1 alone."""
     a = _client(stack["gw"], A1)
     made = _stored_on_w2(a)
@@ -352,10 +352,10 @@ def test_shared_cache_on_purpose(stack: dict[str, Any]) -> None:
 
 
 def _only_w1(url: str) -> None:
-    """w2 drained and stopped (once): every request goes to w1."""
+    """w2 stopped (once; a drain would keep its process warm): every request goes to w1."""
     r = httpx.get(f"{url}/admin/workers/w2", headers=_k(ADMIN), timeout=10)
     if r.json()["state"] != "stopped":
-        r = httpx.post(url + "/admin/workers/w2/drain", headers=_k(ADMIN), timeout=120)
+        r = httpx.post(url + "/admin/workers/w2/stop", headers=_k(ADMIN), timeout=120)
         assert r.status_code == 200, r.text
     deadline = time.monotonic() + 120
     while (

@@ -127,10 +127,20 @@ async def get_worker(request: Request) -> ASGIApp:
 
 async def drain(request: Request) -> ASGIApp:
     """Stop sending the worker new requests; its running ones finish, or at ``?timeout_s=``
-    (300 by default) move to another worker (docs/migration.md)."""
+    (300 by default) move to another worker (docs/migration.md). A launched worker's process
+    stays up, warm: Resume (``undrain``) is instant; ``stop`` ends it."""
     w, svc = _worker(request), services(request)
     timeout = _query(request, {"timeout_s": seconds(MAX_DRAIN_S)}).get("timeout_s", 300.0)
     await svc.drain(w, timeout)
+    return ReplyResponse(Reply.json(200, worker_status(w, svc.swap)))
+
+
+async def stop(request: Request) -> ASGIApp:
+    """Drain, then stop: a launched worker's process ends (its GPU is free; Resume is then a
+    cold start). ``?timeout_s=`` (300 by default) bounds the wait for its running requests."""
+    w, svc = _worker(request), services(request)
+    timeout = _query(request, {"timeout_s": seconds(MAX_DRAIN_S)}).get("timeout_s", 300.0)
+    await svc.stop(w, timeout)
     return ReplyResponse(Reply.json(200, worker_status(w, svc.swap)))
 
 
@@ -235,6 +245,7 @@ def routes() -> list[Route]:
         Route("/admin/workers/{name}", Endpoint(get_worker), methods=["GET"]),
         Route("/admin/workers/{name}/drain", Endpoint(drain), methods=["POST"]),
         Route("/admin/workers/{name}/undrain", Endpoint(undrain), methods=["POST"]),
+        Route("/admin/workers/{name}/stop", Endpoint(stop), methods=["POST"]),
         Route("/admin/workers/{name}/restart", Endpoint(restart), methods=["POST"]),
         Route("/admin/workers/{name}/sleep", Endpoint(sleep), methods=["POST"]),
         Route("/admin/workers/{name}/wake", Endpoint(wake), methods=["POST"]),

@@ -196,8 +196,8 @@ function makeCard(name) {
   c.error = el("p", { class: "error" });
   c.buttons = {};
   const actions = el("div", { class: "actions" });
-  for (const [act, label] of [["drain", "Drain"], ["undrain", "Resume"], ["restart", "Restart"],
-                              ["sleep", "Sleep"], ["wake", "Wake"]]) {
+  for (const [act, label] of [["drain", "Drain"], ["undrain", "Resume"], ["stop", "Stop"],
+                              ["restart", "Restart"], ["sleep", "Sleep"], ["wake", "Wake"]]) {
     const b = el("button", { type: "button", "data-action": act }, label);
     b.addEventListener("click", () => { if (confirm(ask(act, name))) workerAction(act, name, b); });
     c.buttons[act] = b;
@@ -209,8 +209,11 @@ function makeCard(name) {
 
 function ask(act, name) {
   return {
-    drain: "Drain worker " + name + "? It takes no new requests; running ones finish.",
+    drain: "Drain worker " + name + "? It takes no new requests; running ones finish. A " +
+      "launched worker's process stays up, so Resume is instant.",
     undrain: "Resume worker " + name + "? It takes requests again once it answers.",
+    stop: "Stop worker " + name + "? It takes no new requests; running ones finish, then " +
+      "its process ends (Resume starts it again).",
     restart: "Restart worker " + name + "? Its running requests end with an error.",
     sleep: "Put worker " + name + " to sleep? Its running requests finish first.",
     wake: "Wake worker " + name + "? The awake worker of its group is put to sleep.",
@@ -244,8 +247,9 @@ function fillCard(c, w) {
   const out = ["draining", "stopped"].includes(w.state);
   c.buttons.drain.hidden = out || asleep;
   c.buttons.undrain.hidden = !out;
+  c.buttons.stop.hidden = !w.supervised || w.state === "stopped";
   c.buttons.restart.hidden = !w.supervised;
-  c.buttons.sleep.hidden = !w.swap_group || asleep;
+  c.buttons.sleep.hidden = !w.swap_group || asleep || out || w.state === "failed";
   c.buttons.wake.hidden = !w.swap_group || !asleep;
 }
 
@@ -286,7 +290,7 @@ async function act(path, what, button) {
     const resp = await fetch(path, { method: "POST", headers: headers(), cache: "no-store" });
     if (resp.ok) {
       const body = await resp.json();
-      const state = body.state ? " (now " + body.state.replace("_", " ") + ")" : "";
+      const state = body.state ? " (now " + leadsTo(body) + ")" : "";
       show(what + ": done" + state + " at " + time(Date.now()) + ".", true);
     } else {
       show(what + ": refused (" + resp.status + "): " + (await message(resp)), false);
@@ -299,8 +303,20 @@ async function act(path, what, button) {
   }
 }
 
+// The state an action leaves a worker in (its answer), and what follows from it.
+function leadsTo(w) {
+  const launched = w.supervised;
+  return {
+    starting: "starting; it takes requests once it answers",
+    warming: "warming up; it takes requests once ready",
+    draining: "draining: it takes no new requests" + (launched ? ", its process stays up" : ""),
+    stopped: launched ? "stopped: its process has ended" : "stopped: it gets no requests",
+  }[w.state] || w.state.replace("_", " ");
+}
+
 function workerAction(action, name, button) {
-  const verbs = { drain: "Drain", undrain: "Resume", restart: "Restart", sleep: "Sleep", wake: "Wake" };
+  const verbs = { drain: "Drain", undrain: "Resume", stop: "Stop", restart: "Restart",
+                  sleep: "Sleep", wake: "Wake" };
   return act("/admin/workers/" + encodeURIComponent(name) + "/" + action, verbs[action] + " " + name, button);
 }
 

@@ -41,13 +41,13 @@ NO_BUDGET = (
 )
 # What vLLM's adapter says when a stream's first chunk is the chat's error chunk (pydantic
 # reading it as a ChatCompletionStreamResponse): the refusal's own words are cut from it.
-STREAM_REFUSAL = (
+STREAM_REFUSAL = (  # vLLM 0.32's words, read from a real worker (pydantic 2.14 there)
     "2 validation errors for ChatCompletionStreamResponse\nmodel\n  Field required "
-    "[type=missing, input_value={'error': {'message': 'th...: None, 'code': 400}}, "
+    "[type=missing, input_value={'error': {'message': 'th...am': None, 'code': 400}}, "
     "input_type=dict]\n    For further information visit "
-    "https://errors.pydantic.dev/2.12/v/missing\nchoices\n  Field required [type=missing, "
-    "input_value={'error': {'message': 'th...: None, 'code': 400}}, input_type=dict]\n    "
-    "For further information visit https://errors.pydantic.dev/2.12/v/missing"
+    "https://errors.pydantic.dev/2.14/v/missing\nchoices\n  Field required [type=missing, "
+    "input_value={'error': {'message': 'th...am': None, 'code': 400}}, input_type=dict]\n    "
+    "For further information visit https://errors.pydantic.dev/2.14/v/missing"
 )
 
 

@@ -108,10 +108,14 @@ class Supervisor:
     # -- one worker ------------------------------------------------------------------------------
 
     async def drain(self, name: str, timeout_s: float) -> bool:
-        """Stop new traffic, wait for in-flight requests (up to ``timeout_s``), then stop.
+        """Stop new traffic and wait for in-flight requests (up to ``timeout_s``; past it they
+        go on). The process stays up and warm, so ``undrain`` is instant; stopping it is its
+        own action (:meth:`stop_worker`). A member of a swap group is stopped once idle, as
+        before: its GPU is shared, and a warm drained process would hold it.
 
-        True when the worker went idle before stopping; False when the timeout cut requests
-        off, or ``undrain`` cancelled the drain (the worker then keeps running).
+        True when the worker went idle; False when the timeout came first, or ``undrain``
+        cancelled the drain (the worker then serves again). Its health watch pauses while it
+        is drained and resumes with ``undrain`` (a process that died meanwhile is restarted).
         """
         run = self._run(name)
         await run.cancel()
@@ -122,11 +126,24 @@ class Supervisor:
         idle = await self._wait_idle(run.worker, timeout_s)
         if run.worker.state is not WorkerState.draining:
             return False
-        await self._halt(run)
+        if run.worker.swap_group is not None:
+            await self._halt(run)
         return idle
 
+    async def stop_worker(self, name: str, timeout_s: float) -> bool:
+        """Drain (up to ``timeout_s``), then stop the process (SIGTERM, SIGKILL after
+        ``stop_timeout_s``): ``stopped``, its GPU free; ``undrain`` starts it again (a cold
+        start). True when it went idle before stopping; False when the timeout cut requests
+        off, or ``undrain`` cancelled it (the worker then keeps running)."""
+        run = self._run(name)
+        idle = await self.drain(name, timeout_s)
+        if run.worker.state is WorkerState.draining:
+            await self._halt(run)
+        return idle and run.worker.state is WorkerState.stopped
+
     async def undrain(self, name: str) -> None:
-        """Back to ``ready`` if the drained process still runs, else start it again.
+        """Back to ``ready`` at once if the drained process still runs, else start it again
+        (``starting`` from here; ready once it answers).
 
         A ``failed`` worker is started again too, with a fresh crash window.
         """
@@ -137,13 +154,17 @@ class Supervisor:
             run.start(resume=True)
         elif state in (WorkerState.draining, WorkerState.stopped, WorkerState.failed):
             run.crashes.clear()
+            await run.cancel()
+            run.transition(WorkerState.starting)
             run.start()
 
     async def restart(self, name: str) -> None:
-        """Stop (gracefully) and start again with a fresh crash window (also leaves ``failed``)."""
+        """Stop (gracefully) and start again with a fresh crash window (also leaves ``failed``):
+        ``starting`` from here, ready once it answers."""
         run = self._run(name)
         await self._halt(run)
         run.crashes.clear()
+        run.transition(WorkerState.starting)
         run.start()
 
     async def add(self, cfg: WorkerConfig, model: ModelConfig | None = None) -> None:

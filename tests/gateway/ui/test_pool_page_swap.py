@@ -1,7 +1,8 @@
 """The pool page over a swap group (two launched simulated workers taking turns on GPU 0),
 with the admin API open on loopback (auth off): the page opens without a key, lists GPU 0 with
 both workers and its memory unknown (no NVML here), and its Wake, Sleep and Restart buttons
-(confirmations accepted) move the workers as the admin routes do."""
+(confirmations accepted) move the workers as the admin routes do; each result line names the
+state its action leads to, and a stopped worker shows Resume but no Sleep or Stop."""
 
 from __future__ import annotations
 
@@ -53,11 +54,28 @@ def test_wake_sleep_and_restart_from_the_page(swap_page: tuple[Proc, Any]) -> No
     _press(driver, "coder-w", "restart")
     wait(driver, lambda d: "Restart coder-w: done" in _text(d, "#result"), timeout=60,
          message="no restart result")  # fmt: skip
+    assert "(now starting; it takes requests once it answers)" in _text(driver, "#result")
     wait(driver, lambda d: _state(d, "coder-w") == "ready", timeout=60,
          message="coder-w never ready after its restart")  # fmt: skip
     changes = _changes(driver)  # newest first: the restart, after the wake
     restarted = changes.index("coder-w (coder): ■ stopped → ◔ starting")
     assert changes.index("coder-w (coder): ✓ ready → ■ stopped") > restarted
     assert changes.index("coder-w (coder): ☀ waking → ✓ ready") > restarted
+
+    _press(driver, "chat-w", "stop")  # asleep: stopped at once, its process ends
+    wait(driver, lambda d: _state(d, "chat-w") == "stopped", message="chat-w never stopped")
+    assert "Stop chat-w: done (now stopped: its process has ended)" in _text(driver, "#result")
+    assert _hidden(driver, "chat-w", "sleep") and _hidden(driver, "chat-w", "stop")
+    assert not _hidden(driver, "chat-w", "undrain")
+    _press(driver, "chat-w", "undrain")
+    wait(driver, lambda d: "Resume chat-w: done" in _text(d, "#result"), message="no resume")
+    assert "(now starting; it takes requests once it answers)" in _text(driver, "#result")
     assert console_errors(driver) == []
     assert_nothing_held(gw.url)
+
+
+def _hidden(driver: Any, worker: str, action: str) -> bool:
+    button = driver.find_element(
+        "css selector", f'[data-worker="{worker}"] button[data-action="{action}"]'
+    )
+    return not button.is_displayed()

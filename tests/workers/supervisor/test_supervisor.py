@@ -520,19 +520,28 @@ async def test_frozen_worker_is_killed_and_restarted(tmp_path: Path) -> None:
         assert not any(is_alive(p) for p in pids_of(old))
 
 
-async def test_drain_waits_for_inflight_requests_then_stops(tmp_path: Path) -> None:
+async def test_drain_waits_for_inflight_requests_and_keeps_the_process_warm(
+    tmp_path: Path,
+) -> None:
+    """Drain only stops new requests: the process stays up, so Resume is instant (same
+    process, ready at once); Stop is its own action and ends the process."""
     async with supervising(tmp_path, fake_worker(tmp_path)) as (sup, _):
         w = await ready(sup)
+        pid = info_of(tmp_path)["pid"]
         w.inflight = 1
         drain = asyncio.create_task(sup.drain("w", timeout_s=10))
         await asyncio.sleep(0.6)
         assert w.state is WorkerState.draining and not w.routable and not drain.done()
-        assert is_alive(info_of(tmp_path)["pid"])
         w.inflight = 0
         assert await drain is True
+        assert w.state is WorkerState.draining and is_alive(pid) and w.url is not None
+        await sup.undrain("w")
+        assert w.state is WorkerState.ready and info_of(tmp_path)["pid"] == pid  # no restart
+        assert await sup.stop_worker("w", timeout_s=10) is True
         assert state_of(w) is WorkerState.stopped
         assert not any(is_alive(p) for p in pids_of(info_of(tmp_path)))
         await sup.undrain("w")
+        assert w.state is WorkerState.starting  # what the action leads to, said at once
         await ready(sup)
 
 
@@ -549,7 +558,9 @@ async def test_drain_timeout_and_undrain_while_draining(tmp_path: Path) -> None:
         os.kill(pid, signal.SIGKILL)  # the health watch runs again after undrain
         await _until(lambda: w.restarts == 1)
         await ready(sup)
-        assert await sup.drain("w", timeout_s=0.2) is False  # still one in flight: cut off
+        assert await sup.drain("w", timeout_s=0.2) is False  # still one in flight: it goes on
+        assert w.state is WorkerState.draining and is_alive(info_of(tmp_path)["pid"])
+        assert await sup.stop_worker("w", timeout_s=0.2) is False  # cut off
         assert state_of(w) is WorkerState.stopped
 
 
@@ -569,6 +580,7 @@ async def test_restart_add_and_remove(tmp_path: Path) -> None:
         await ready(sup)
         first = info_of(tmp_path)
         await sup.restart("w")
+        assert sup.worker("w").state is WorkerState.starting  # not "stopped": where it goes
         await ready(sup)
         assert info_of(tmp_path)["pid"] != first["pid"]
         assert not any(is_alive(p) for p in pids_of(first))
