@@ -11,7 +11,8 @@ No registry is reachable here, so every image is built locally: the Python base 
 packages (``docker/base/build_base.sh``, its root-filesystem tarball cached in ``.cache/docker``),
 gpupool's image from wheels prepared on the host (``docker/wheels.sh``: the documented air-gapped
 build), and, for the Compose stack only, a stand-in for the official Redis and Prometheus images
-made of the host's own ``redis-server`` and ``prometheus`` binaries on that base.
+made of the host's own ``redis-server`` and ``prometheus`` binaries on that base
+(``docker/base/build_ops.sh``). These are the Compose page's steps, top to bottom.
 """
 
 from __future__ import annotations
@@ -208,30 +209,18 @@ class Engine:
 
     def build_ops(self) -> None:
         """REDIS_TAG and PROMETHEUS_TAG: the host's redis-server and prometheus on the base (no
-        registry for the official images); the Compose file takes them through REDIS_IMAGE and
-        PROMETHEUS_IMAGE. Like the official Prometheus image, the second runs /bin/prometheus."""
-        ctx = Path(tempfile.mkdtemp(dir=self.dir))
-        (ctx / "bin").mkdir()
-        (ctx / "lib").mkdir()
-        for tool in ("redis-server", "prometheus"):
-            path = which(tool)
-            assert path is not None, f"{tool} is not installed (make ops-deps)"
-            shutil.copy(path, ctx / "bin" / tool)
-            for lib in _shared_libs(path):
-                shutil.copy(lib, ctx / "lib" / Path(lib).name)
-        (ctx / "Dockerfile").write_text(
-            f"FROM {BASE_TAG}\n"
-            "COPY bin/ /usr/local/bin/\n"
-            "COPY lib/ /usr/local/lib/gpupool-test/\n"
-            "ENV LD_LIBRARY_PATH=/usr/local/lib/gpupool-test\n"
-            "RUN ln -s /usr/local/bin/prometheus /bin/prometheus \\\n"
-            "    && mkdir /prometheus && chown nobody /prometheus\n"
+        registry for the official images), by ``docker/base/build_ops.sh``, the recipe the
+        Compose page gives; the Compose file takes them through REDIS_IMAGE and
+        PROMETHEUS_IMAGE."""
+        env = {**self.env(), "DOCKER": f"{self.docker} -H {self.host}", "BASE_IMAGE": BASE_TAG}
+        r = subprocess.run(
+            ["bash", str(ROOT / "docker" / "base" / "build_ops.sh"), REDIS_TAG, PROMETHEUS_TAG],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=900,
         )
-        self.run("build", "--network", "host", "-q", "-t", REDIS_TAG, str(ctx))
-        (ctx / "Dockerfile").write_text(
-            f'FROM {REDIS_TAG}\nUSER nobody\nENTRYPOINT ["/bin/prometheus"]\n'
-        )
-        self.run("build", "--network", "host", "-q", "-t", PROMETHEUS_TAG, str(ctx))
+        assert r.returncode == 0, r.stdout + r.stderr
 
     def image_size(self, tag: str) -> int:
         return int(self.run("image", "inspect", "--format", "{{.Size}}", tag).stdout)
@@ -242,13 +231,6 @@ class Engine:
 
 class EngineError(Exception):
     pass
-
-
-def _shared_libs(binary: str) -> list[str]:
-    """The libraries ``binary`` loads, but the C library's own (the base has those)."""
-    out = subprocess.run(["ldd", binary], capture_output=True, text=True).stdout
-    libs = [ln.split("=>")[1].split()[0] for ln in out.splitlines() if "=> /" in ln]
-    return [lib for lib in libs if not Path(lib).name.startswith(("libc.so", "libm.so", "ld-"))]
 
 
 def _unmount_under(folder: Path) -> None:
