@@ -114,7 +114,10 @@ class SimService:
     async def count_tokens(self, body: bytes, meta: Meta) -> Reply:
         """vLLM's ``/v1/messages/count_tokens``: the chat prompt's tokens."""
         req = messages.parse_count(body, meta)
-        self.jobs.check_model(req.model)
+        try:
+            self.jobs.check_model(req.model)
+        except SimError as e:
+            return JsonReply(e.status, messages.error_body(e.status, e.to_json()))
         ids = self.tokenizer.encode(render_chat(messages.chat_messages(req), True, False))
         n = len(ids)
         return _ok({"input_tokens": n, "context_management": {"original_input_tokens": n}})
