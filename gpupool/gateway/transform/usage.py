@@ -43,6 +43,18 @@ class UsageStrip:
         self._held_bytes = 0
         self._max_held = max_held
 
+    def passes(self, chunk: bytes) -> bool:
+        """Whether ``chunk`` (whole events, nothing held before it) goes out as it is: no
+        choice finishes and no usage comes in it, so nothing in it is held or dropped. Most
+        reads are one token's event: they skip the event split."""
+        return (
+            not self._held
+            and chunk.endswith(b"\n\n")
+            and _FINISHING not in chunk
+            and b'"usage"' not in chunk
+            and b"\r" not in chunk
+        )
+
     def event(self, payload: bytes) -> bytes:
         """The bytes to send for ``payload`` (a JSON payload, ``[DONE]`` or a comment line)."""
         if payload.startswith(b":"):

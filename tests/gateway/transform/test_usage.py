@@ -25,10 +25,18 @@ def _frame(*payloads: bytes) -> bytes:
 
 
 def _strip(stream: bytes, read: int = 7) -> bytes:
-    """``stream`` through a strip, in reads of ``read`` bytes (events split across reads)."""
+    """``stream`` through a strip as the relay feeds it, in reads of ``read`` bytes (events
+    split across reads), or one event a read (``read=0``: the fast path's reads)."""
     strip, buf, out = UsageStrip(1 << 20), EventBuffer(), bytearray()
-    for i in range(0, len(stream), read):
-        for payload in buf.events(stream[i : i + read]):
+    if read:
+        reads = [stream[i : i + read] for i in range(0, len(stream), read)]
+    else:
+        reads = [e + b"\n\n" for e in stream.split(b"\n\n") if e]
+    for chunk in reads:
+        if not len(buf) and strip.passes(chunk):
+            out += chunk
+            continue
+        for payload in buf.events(chunk):
             out += strip.event(payload)
     return bytes(out + strip.end())
 
@@ -38,16 +46,21 @@ def test_the_usage_chunk_goes_and_its_fingerprint_moves_to_the_finishing_chunk()
     without = _frame(ROLE, TOKEN, FINISH[:-1] + FP, b"[DONE]")
     assert _strip(with_usage) == without
     assert _strip(with_usage, read=1 << 16) == without
+    assert _strip(with_usage, read=0) == without
 
 
 def test_every_choice_finishing_gets_the_fingerprint_in_order() -> None:
     with_usage = (
         _frame(ROLE, FINISH, TOKEN_1) + b": keep-alive\n\n" + _frame(FINISH_1, USAGE, b"[DONE]")
     )
-    assert _strip(with_usage) == (
-        _frame(ROLE, FINISH[:-1] + FP, TOKEN_1)
-        + b": keep-alive\n\n"
-        + _frame(FINISH_1[:-1] + FP, b"[DONE]")
+    assert (
+        _strip(with_usage)
+        == _strip(with_usage, read=0)
+        == (
+            _frame(ROLE, FINISH[:-1] + FP, TOKEN_1)
+            + b": keep-alive\n\n"
+            + _frame(FINISH_1[:-1] + FP, b"[DONE]")
+        )
     )
 
 
