@@ -1,6 +1,7 @@
 """Precise prefix routing's predictions against vLLM's own report, on real vLLM (CPU) workers.
 
     .venv/bin/python bench/routing/kv_predict.py [--workers 3] [--requests 90] [--blocks 48]
+        [--mode precise|approximate|both]
 
 Starts ``gpupool serve`` with N launched workers of the tiny dense model (prefix caching on,
 ``--enable-prompt-tokens-details``, each KV cache ``--blocks`` blocks of 128 tokens: less than the
@@ -8,8 +9,10 @@ tenants' prefixes together), ``routing.kv_events.enabled``, then sends a mixed m
 workload (tenants with long prefixes, half of them with a ``cache_salt``, chat and completions,
 two at a time) and prints how gpupool's predicted cached tokens compared with vLLM's reported
 ``prompt_tokens_details.cached_tokens`` (``gpupool_kv_predictions_total``), and where not equal,
-the requests' numbers. Needs the vLLM venv and tiny models (``tests/vllm/README.md``); run it
-under ``flock /tmp/gpupool-heavy.lock`` on a shared machine.
+the requests' numbers. ``--mode both`` runs the workload a second time on fresh workers with
+today's approximate affinity (``kv_events`` off) and prints, for each, the share of prompt tokens
+vLLM found cached and the requests' latency. Needs the vLLM venv and tiny models
+(``tests/vllm/README.md``); run it under ``flock /tmp/gpupool-heavy.lock`` on a shared machine.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def _config(n: int, blocks: int, tmp: Path, port: int) -> dict[str, Any]:
+def _config(n: int, blocks: int, tmp: Path, port: int, precise: bool) -> dict[str, Any]:
     py = os.environ.get("GPUPOOL_VLLM_PYTHON", str(ROOT / ".venv-vllm/bin/python"))
     model = str(Path(os.environ.get("GPUPOOL_TINY_MODELS", ROOT / ".models")) / "qwen3-dense")
     worker = {
@@ -66,7 +69,7 @@ def _config(n: int, blocks: int, tmp: Path, port: int) -> dict[str, Any]:
         "server": {"port": port, "state_dir": str(tmp / "state")},
         "models": [{"name": "tiny"}],
         "workers": [{"name": f"w{i + 1}", **worker} for i in range(n)],
-        "routing": {"kv_events": {"enabled": True}},
+        "routing": {"kv_events": {"enabled": precise}},
     }
 
 
@@ -75,7 +78,10 @@ def _wait_precise(url: str, n: int, timeout: float) -> None:
     while time.monotonic() < deadline:
         try:
             data = httpx.get(url + "/admin/workers", timeout=5).json()["data"]
-            if len(data) == n and all(w["state"] == "ready" and w["kv"]["precise"] for w in data):
+            if len(data) == n and all(
+                w["state"] == "ready" and (w.get("kv") or {"precise": True})["precise"]
+                for w in data
+            ):
                 return
         except httpx.HTTPError:
             pass
@@ -93,12 +99,13 @@ def _outcomes(url: str) -> dict[str, float]:
     return out
 
 
-def _workload(url: str, requests: int, tenants: int, seed: int) -> list[int]:
+def _workload(url: str, requests: int, tenants: int, seed: int) -> list[tuple[int, int, float]]:
+    """``(prompt_tokens, cached_tokens, seconds)`` per request."""
     rng = random.Random(seed)
     prefixes = [(" ".join(rng.choice(WORDS) for _ in range(600)), f"t{i}" if i % 2 else None)
                 for i in range(tenants)]  # fmt: skip
 
-    def one(i: int) -> int:
+    def one(i: int) -> tuple[int, int, float]:
         prefix, salt = prefixes[rng.randrange(tenants)]
         question = f"question {i}: " + " ".join(rng.choice(WORDS) for _ in range(12))
         body: dict[str, Any] = {"model": "tiny", "max_tokens": 2}
@@ -110,12 +117,43 @@ def _workload(url: str, requests: int, tenants: int, seed: int) -> list[int]:
         else:
             body["messages"] = [{"role": "user", "content": prefix + "\n" + question}]
             path = "/v1/chat/completions"
+        t = time.perf_counter()
         r = httpx.post(url + path, json=body, timeout=300)
+        took = time.perf_counter() - t
         r.raise_for_status()
-        return int(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+        usage = r.json()["usage"]
+        return usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"], took
 
     with ThreadPoolExecutor(2) as pool:
         return list(pool.map(one, range(requests)))
+
+
+def run(args: argparse.Namespace, precise: bool) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as d:
+        tmp, port = Path(d), _port()
+        cfg = tmp / "gpupool.yaml"
+        cfg.write_text(yaml.safe_dump(_config(args.workers, args.blocks, tmp, port, precise)))
+        log = (tmp / "gateway.log").open("wb")
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        gw = subprocess.Popen([sys.executable, "-m", "gpupool", "serve", "--config", str(cfg)],
+                              stdout=log, stderr=subprocess.STDOUT, env=env)  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        try:
+            _wait_precise(url, args.workers, 600)
+            done = _workload(url, args.requests, args.tenants, args.seed)
+            outcomes = _outcomes(url)
+        finally:
+            gw.terminate()
+            gw.wait(60)
+    total = sum(outcomes.values())
+    secs = sorted(s for _, _, s in done)
+    return {"mode": "precise" if precise else "approximate", "workers": args.workers,
+            "requests": args.requests, "blocks": args.blocks, "outcomes": outcomes,
+            "exact_share": round(outcomes.get("exact", 0) / total, 4) if total else None,
+            "requests_with_hits": sum(1 for _, c, _ in done if c),
+            "cached_share": round(sum(c for _, c, _ in done) / sum(p for p, _, _ in done), 4),
+            "latency_p50_s": round(secs[len(secs) // 2], 3),
+            "latency_p90_s": round(secs[int(len(secs) * 0.9)], 3)}  # fmt: skip
 
 
 def main() -> None:
@@ -125,28 +163,11 @@ def main() -> None:
     ap.add_argument("--tenants", type=int, default=10)
     ap.add_argument("--blocks", type=int, default=48)
     ap.add_argument("--seed", type=int, default=34)
+    ap.add_argument("--mode", choices=("precise", "approximate", "both"), default="precise")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as d:
-        tmp, port = Path(d), _port()
-        cfg = tmp / "gpupool.yaml"
-        cfg.write_text(yaml.safe_dump(_config(args.workers, args.blocks, tmp, port)))
-        log = (tmp / "gateway.log").open("wb")
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        gw = subprocess.Popen([sys.executable, "-m", "gpupool", "serve", "--config", str(cfg)],
-                              stdout=log, stderr=subprocess.STDOUT, env=env)  # fmt: skip
-        url = f"http://127.0.0.1:{port}"
-        try:
-            _wait_precise(url, args.workers, 600)
-            reported = _workload(url, args.requests, args.tenants, args.seed)
-            outcomes = _outcomes(url)
-        finally:
-            gw.terminate()
-            gw.wait(60)
-    total = sum(outcomes.values())
-    result = {"workers": args.workers, "requests": args.requests, "blocks": args.blocks,
-              "outcomes": outcomes, "hits_reported": sum(1 for r in reported if r),
-              "exact_share": outcomes.get("exact", 0) / total if total else None}  # fmt: skip
-    print(json.dumps(result, indent=2))
+    modes = {"precise": [True], "approximate": [False], "both": [True, False]}[args.mode]
+    for precise in modes:
+        print(json.dumps(run(args, precise), indent=2), flush=True)
 
 
 if __name__ == "__main__":
