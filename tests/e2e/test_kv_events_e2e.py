@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
-from gpupool.gateway.kvroute.render import PromptRenderer
 from gpupool.workers.kvevents import wire
 from gpupool.workers.kvevents.hashing import HashSpec, block_hashes
+from gpupool.workers.kvevents.render import PromptRenderer
 from tests.support.hostile_tools import serve_in_thread
 from tests.support.kv_publisher import KvPublisher
 from tests.support.kv_worker import KvWorker

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from gpupool.config.models import GpupoolConfig
-from gpupool.gateway.kvroute.render import NotModelled, PromptRenderer
 from gpupool.gateway.metrics import Metrics
 from gpupool.gateway.routing.cached import KvPrediction
 from gpupool.gateway.routing.policy import RouteRequest
 from gpupool.workers.kvevents import hashing
 from gpupool.workers.kvevents.pool import KvPool
+from gpupool.workers.kvevents.render import NotModelled, PromptRenderer
 from gpupool.workers.registry import Worker
 
 log = logging.getLogger("gpupool.kvroute")

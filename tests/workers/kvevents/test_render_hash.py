@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.gateway.kvroute.render import NotModelled, PromptRenderer
 from gpupool.workers.kvevents.hashing import HashSpec, block_hashes
+from gpupool.workers.kvevents.render import NotModelled, PromptRenderer
 
 MODELS = Path(os.environ.get("GPUPOOL_TINY_MODELS", Path(__file__).parents[3] / ".models"))
 DENSE = MODELS / "qwen3-dense"
