@@ -208,7 +208,7 @@ class StepEngine(Engine):
             if self.scheduled and self._reserved + need > self.cache.num_blocks:
                 return  # vLLM waits for blocks to free
             self.waiting.popleft()
-            hits = self.cache.lookup(seq.adm.prompt_pieces)
+            hits = self.cache.lookup(seq.adm.prompt_pieces, seq.adm.blocks)
             seq.computed, seq.reserved = hits, need
             self._reserved += need
             self.scheduled.append(seq)
@@ -247,7 +247,7 @@ class StepEngine(Engine):
                 seq.computed += chunk
                 if seq.computed < seq.prompt:
                     continue
-                self.cache.insert(seq.adm.prompt_pieces)  # its blocks serve the next prompts
+                self.cache.insert(seq.adm.prompt_pieces, seq.adm.blocks)  # for the next prompts
                 made += seq.advance(1)  # the step that ends a prompt samples its first token
             else:
                 made += seq.advance(self.shape.tokens_per_step)

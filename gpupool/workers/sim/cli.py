@@ -153,6 +153,18 @@ def served_names(
     type=int,
     help="--gpu: KV cache blocks of 16 tokens [a full window per sequence].",
 )
+@click.option(
+    "--kv-events-config",
+    default=None,
+    help="vLLM's KV-cache events JSON (endpoint, replay_endpoint, topic): publish the prefix "
+    "cache's blocks as vLLM does (needs --tokenizer).",
+)
+@click.option(
+    "--tokenizer",
+    default=None,
+    help="A model directory (tokenizer.json, chat template): prompts are tokenized and their "
+    "blocks hashed as vLLM would, for --kv-events-config.",
+)
 def sim(
     host: str,
     port: int,
@@ -183,6 +195,8 @@ def sim(
     prefill_ms_per_1k: float,
     max_num_batched_tokens: int,
     num_gpu_blocks_override: int | None,
+    kv_events_config: str | None,
+    tokenizer: str | None,
 ) -> None:
     """Run a simulated vLLM 0.32 OpenAI server (no GPU, fault injection, /sim control)."""
     from gpupool.workers.sim.app import run_sim
@@ -226,6 +240,8 @@ def sim(
             )
             if gpu
             else None,
+            kv_events_config=kv_events_config,
+            tokenizer=tokenizer,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

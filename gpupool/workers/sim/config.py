@@ -77,6 +77,9 @@ class SimConfig:
     health_fail: bool = False
     seed: int = 0
     gpu: GpuShape | None = None  # None: the classic timing (``ttft_ms``/``itl_ms`` per request)
+    # vLLM's --kv-events-config JSON and a model directory (``kvevents.py``): publish KV events
+    kv_events_config: str | None = None
+    tokenizer: str | None = None
 
     def __post_init__(self) -> None:
         if not self.root:

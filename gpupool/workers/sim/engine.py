@@ -22,12 +22,15 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpupool.workers.sim.cache import BLOCK_SIZE, PrefixCache
 from gpupool.workers.sim.config import SimConfig
 from gpupool.workers.sim.faults import Knobs
 from gpupool.workers.sim.metrics import SimMetrics
+
+if TYPE_CHECKING:
+    from gpupool.workers.sim.kvevents import Blocks
 
 
 @dataclass(slots=True)
@@ -41,6 +44,7 @@ class Admission:
     arrival: float = 0.0
     output_lens: tuple[int, ...] = ()  # each choice's planned tokens (the GPU engine's pace)
     label: str = ""  # the prompt's start, for /sim/stats (a gateway replaces request ids)
+    blocks: Blocks | None = None  # vLLM's block hashes of the prompt (KV events on)
 
 
 class Pacer(Protocol):
@@ -193,7 +197,7 @@ class Engine:
         counters = m.counters
         counters["prompt_tokens"] += prompt
         counters["prefix_cache_queries"] += prompt
-        counters["prefix_cache_hits"] += self.cache.query(adm.prompt_pieces)
+        counters["prefix_cache_hits"] += self.cache.query(adm.prompt_pieces, adm.blocks)
         self._kv_tokens += prompt + adm.planned_tokens
         k = self.knobs
         run = Run(self, adm, now, k.ttft_ms / 1000.0, k.itl_ms / 1000.0)

@@ -104,10 +104,16 @@ class SimMetrics:
         self.e2e = Hist(LATENCY_BUCKETS)
         self.queue_time = Hist(LATENCY_BUCKETS)
         self.created = time.time()
+        self.cache_info: dict[str, str] | None = None  # vllm:cache_config_info's labels
         self.registry = CollectorRegistry()
         self.registry.register(self)
 
     def collect(self) -> Iterator[Metric]:
+        if self.cache_info is not None:
+            info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine "
+                                     "CacheConfig", labels=list(self.cache_info))  # fmt: skip
+            info.add_metric(list(self.cache_info.values()), 1.0)
+            yield info
         yield from self._gauges()
         yield from self._counters()
         yield self._success()

@@ -20,6 +20,7 @@ from gpupool.workers.sim.engine import Engine
 from gpupool.workers.sim.errors import BadRequest, InvalidBody, SimError
 from gpupool.workers.sim.faults import Knobs
 from gpupool.workers.sim.jobs import JobBuilder, Meta
+from gpupool.workers.sim.kvevents import sim_kv_events
 from gpupool.workers.sim.metrics import CONTENT_TYPE
 from gpupool.workers.sim.protocol import (
     ChatRequest,
@@ -72,6 +73,10 @@ class SimService:
         self.tokenizer = Tokenizer()
         engine = Engine if config.gpu is None else StepEngine
         self.engine = engine(config, self.knobs)
+        self.kv = sim_kv_events(config)  # KV-cache events (``kvevents.py``), or None
+        if self.kv is not None:
+            self.engine.cache.events = self.kv
+            self.engine.metrics.cache_info = self.kv.cache_info(self.engine.cache.num_blocks)
         self.jobs = JobBuilder(config, self.tokenizer, TextSource(config, self.tokenizer))
         self.stored = ResponseStore()
 
@@ -85,6 +90,8 @@ class SimService:
         await self._arrive()
         req = parse_body(body, ChatRequest, meta.media_ok)
         job = self.jobs.chat(req, meta)
+        if self.kv is not None:
+            job.admission.blocks = self.kv.blocks("/v1/chat/completions", body)
         self._maybe_fail()
         if req.stream:
             return StreamReply(stream(self.engine, self.knobs, job, ChatFormat(job)))
@@ -126,6 +133,8 @@ class SimService:
         await self._arrive()
         req = parse_body(body, CompletionRequest, meta.media_ok)
         job = self.jobs.completion(req, meta)
+        if self.kv is not None:
+            job.admission.blocks = self.kv.blocks("/v1/completions", body)
         self._maybe_fail()
         if req.stream:
             return StreamReply(stream(self.engine, self.knobs, job, TextFormat(job)))

@@ -1,0 +1,84 @@
+"""The simulator publishes vLLM's KV-cache events from its prefix cache, and ``gpupool serve``
+routes precisely on them: a prompt one simulated worker cached (sent to it directly, around the
+gateway) goes back to it, though load and name would pick the other."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.procs import ROOT, Proc, gateway, running
+
+DENSE = ROOT / ".models" / "qwen3-dense"
+pytestmark = pytest.mark.skipif(not (DENSE / "tokenizer.json").exists(), reason="no tiny models")
+SYSTEM = "You answer briefly. " + "a shared system prompt of many words " * 60
+
+
+def _launched(name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "model": "m",
+        "launch": {
+            "model_path": str(DENSE),
+            "command": [sys.executable, "-m", "gpupool.workers.sim", "--tokenizer", "{model_path}"],
+            "args": {"max-num-seqs": 4, "output-tokens": 4},
+            "startup_timeout_s": 60,
+            "stop_timeout_s": 5,
+        },
+    }
+
+
+def _until(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
+    cfg = {
+        "server": {"expose_worker_header": True},
+        "models": [{"name": "m"}],
+        "workers": [_launched("a"), _launched("b")],
+        "routing": {"health_interval_s": 0.3, "metrics_interval_s": 0.3,
+                    "kv_events": {"enabled": True}},
+    }  # fmt: skip
+    proc = gateway(cfg, tmp_path_factory.mktemp("simkv"))
+    with running(proc):
+        _until(lambda: _precise(proc), "both precise")
+        yield proc
+
+
+def _precise(gw: Proc) -> bool:
+    workers = _workers(gw)
+    return len(workers) == 2 and all(w["kv"]["precise"] for w in workers.values())
+
+
+def _workers(gw: Proc) -> dict[str, dict[str, Any]]:
+    data = httpx.get(gw.url + "/admin/workers", timeout=5).json()["data"]
+    return {w["name"]: w for w in data if w["state"] == "ready"} if len(data) == 2 else {}
+
+
+def _chat(question: str) -> dict[str, Any]:
+    return {"model": "m", "max_tokens": 2, "messages": [
+        {"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]}  # fmt: skip
+
+
+def test_a_prompt_goes_to_the_simulated_worker_that_cached_it(gw: Proc) -> None:
+    b = _workers(gw)["b"]
+    direct = httpx.post(b["url"] + "/v1/chat/completions", json=_chat("first?"), timeout=30)
+    assert direct.status_code == 200, direct.text
+    _until(lambda: _workers(gw)["b"]["kv"]["blocks"] > 0, "b's blocks indexed")
+    assert _workers(gw)["a"]["kv"]["blocks"] == 0
+    r = httpx.post(gw.url + "/v1/chat/completions", json=_chat("second?"), timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-gpupool-worker"] == "b"  # on a tie by load, "a" comes first by name
+    kv = _workers(gw)["b"]["kv"]
+    assert kv["precise"] and kv["gaps"] == 0 and kv["resyncs"] == 0, kv
