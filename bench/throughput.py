@@ -109,9 +109,11 @@ class Pool:
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
 
-def _spawn(argv: list[str], log: Path, tree: Path = ROOT) -> subprocess.Popen[bytes]:
+def _spawn(
+    argv: list[str], log: Path, tree: Path = ROOT, extra: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     """Start ``argv`` (``python -m ...``) in ``tree``, importing that tree's gpupool."""
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+    env = {**os.environ, "PYTHONPATH": str(tree), **(extra or {})}
     with open(log, "ab") as out:
         return subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, cwd=tree, env=env, start_new_session=True
@@ -142,12 +144,19 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=10)
 
 
-def gateway_config(direct: dict[str, str], shape: Shape, port: int, state: Path) -> dict[str, Any]:
+def gateway_config(
+    direct: dict[str, str], shape: Shape, port: int, state: Path,
+    kv: dict[str, dict[str, str]] | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """gpupool's defaults but the scrape period, two ``url:`` workers whose capacity is their
-    ``max-num-seqs`` (what a launched worker gets from its ``--max-num-seqs``)."""
+    ``max-num-seqs`` (what a launched worker gets from its ``--max-num-seqs``); with ``kv``, each
+    worker's KV-event endpoints (precise prefix routing)."""
     capacity = shape.max_num_seqs
     workers = [{"name": n, "model": MODEL, "url": u, "max_inflight": capacity}
                for n, u in direct.items()]  # fmt: skip
+    for w in workers:
+        if kv is not None:
+            w["kv_events"] = kv[str(w["name"])]
     return {
         "server": {
             "host": "127.0.0.1",
@@ -162,24 +171,34 @@ def gateway_config(direct: dict[str, str], shape: Shape, port: int, state: Path)
 
 
 @contextlib.contextmanager
-def pool(shape: Shape, tmp: Path | None = None, gateway_tree: Path = ROOT) -> Iterator[Pool]:
+def pool(
+    shape: Shape, tmp: Path | None = None, gateway_tree: Path = ROOT, kv: Path | None = None
+) -> Iterator[Pool]:
     """Start both simulators and ``gpupool serve`` (``gateway_tree``'s: another checkout or a
-    ``git archive`` of a commit, for a baseline); stop all of them on every exit."""
+    ``git archive`` of a commit, for a baseline); stop all of them on every exit. ``kv``: a model
+    directory: the simulators publish KV-cache events, hashing prompts with its tokenizer, and
+    the gateway routes precisely on them."""
     tmp = tmp or Path(tempfile.mkdtemp(prefix="gpupool-tput-"))
     procs: list[subprocess.Popen[bytes]] = []
     try:
         direct: dict[str, str] = {}
+        events: dict[str, dict[str, str]] = {}
         for name, window in WORKERS:
             port = free_port()
             argv = [sys.executable, "-m", "gpupool.workers.sim", "--port", str(port),
                     "--served-model-name", MODEL, "--max-model-len", str(window),
                     *shape.sim_args()]  # fmt: skip
+            if kv is not None:
+                ends = {"endpoint": f"ipc://{tmp}/{name}.pub",
+                        "replay_endpoint": f"ipc://{tmp}/{name}.replay"}  # fmt: skip
+                argv += ["--tokenizer", str(kv), "--kv-events-config", json.dumps(ends)]
+                events[name] = {**ends, "hash_seed": "0", "tokenizer": str(kv)}
             log = tmp / f"sim-{name}.log"
-            procs.append(_spawn(argv, log))
+            procs.append(_spawn(argv, log, extra={"PYTHONHASHSEED": "0"} if kv else None))
             direct[name] = f"http://127.0.0.1:{port}"
             _wait_ready(direct[name] + "/health", procs[-1], log)
         port = free_port()
-        cfg = gateway_config(direct, shape, port, tmp / "state")
+        cfg = gateway_config(direct, shape, port, tmp / "state", events if kv else None)
         path = tmp / "gpupool.yaml"
         path.write_text(yaml.safe_dump(cfg))
         log = tmp / "gateway.log"
@@ -568,11 +587,18 @@ async def measure(
 
 
 def run(
-    shape: Shape, plan: Plan, say: Callable[[str], None] = print, gateway_tree: Path = ROOT
-) -> Report:
-    with pool(shape, gateway_tree=gateway_tree) as p:
+    shape: Shape, plan: Plan, say: Callable[[str], None] = print, gateway_tree: Path = ROOT,
+    kv: Path | None = None,
+) -> Report:  # fmt: skip
+    with pool(shape, gateway_tree=gateway_tree, kv=kv) as p:
         say(f"workers {p.direct}, gateway {p.gateway}")
-        return asyncio.run(measure(p, shape, plan, say))
+        report = asyncio.run(measure(p, shape, plan, say))
+        if kv is not None:
+            text = httpx.get(p.gateway + "/metrics", timeout=10).text
+            routed = [line for line in text.splitlines()
+                      if line.startswith("gpupool_kv_routed_requests_total")]  # fmt: skip
+            say("kv routing: " + "; ".join(routed))
+        return report
 
 
 def _shape_field(kv: str) -> tuple[str, float | int]:
@@ -605,6 +631,14 @@ def main() -> None:
         metavar="FIELD=VALUE",
         help=f"change the workers' shape ({', '.join(f.name for f in fields(Shape))})",
     )
+    ap.add_argument(
+        "--kv-events",
+        type=Path,
+        default=None,
+        metavar="MODEL_DIR",
+        help="the simulators publish KV-cache events (prompts hashed with this model "
+        "directory's tokenizer) and the gateway routes precisely on them",
+    )
     args = ap.parse_args()
     try:
         shape = replace(Shape(), **dict(_shape_field(kv) for kv in args.shape))
@@ -616,7 +650,7 @@ def main() -> None:
         ap.error(f"unknown workloads {sorted(unknown)}; known: {', '.join(KINDS)}")
     plan = Plan(kinds, args.rounds, args.warm, args.window, aa=args.aa)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the pool on a plain kill
-    report = run(shape, plan, gateway_tree=args.gateway_tree)
+    report = run(shape, plan, gateway_tree=args.gateway_tree, kv=args.kv_events)
     if args.json:
         args.json.write_text(json.dumps(asdict(report), indent=1))
 

@@ -42,7 +42,19 @@ PLAN = tput.Plan(count=2, warm_s=1.0, window_s=2.0, turns=3, burst_direct=False,
                  confirm=2)  # fmt: skip
 
 
-def test_routing_costs_no_throughput_and_splits_bursts_evenly() -> None:
+DENSE = tput.ROOT / ".models" / "qwen3-dense"
+
+
+@pytest.mark.parametrize(
+    "kv",
+    [
+        None,
+        pytest.param(DENSE, id="precise", marks=pytest.mark.skipif(
+            not (DENSE / "tokenizer.json").exists(), reason="no tiny models")),
+    ],
+)  # fmt: skip
+def test_routing_costs_no_throughput_and_splits_bursts_evenly(kv: Path | None) -> None:
+    """``precise``: the simulators publish KV-cache events and the gateway routes on them."""
     lines: list[str] = []
 
     def say(line: str) -> None:
@@ -50,7 +62,7 @@ def test_routing_costs_no_throughput_and_splits_bursts_evenly() -> None:
         lines.append(line)
 
     tree = Path(os.environ.get("GPUPOOL_GUARD_GATEWAY_TREE") or tput.ROOT)
-    report = tput.run(SHAPE, PLAN, say, gateway_tree=tree)
+    report = tput.run(SHAPE, PLAN, say, gateway_tree=tree, kv=kv)
     figures = "\n".join(lines)
     for kind in PLAN.kinds:
         ratio = report.ratio_of(kind)
