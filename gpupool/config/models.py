@@ -330,6 +330,15 @@ class DiscoverConfig(_Strict):
         "running ones finish, or after this long.",
     )
     scheme: str = Field("http", pattern=r"^https?$", description="`http` or `https`.")
+    max_workers: int = Field(
+        256,
+        ge=1,
+        description="Most workers this entry keeps. An answer with more addresses keeps the "
+        "workers already in the pool, then the lowest addresses; the rest are left out, "
+        "logged when their number changes and counted in `gpupool_discovery_dropped`. The "
+        "gateway also keeps descriptors for itself: under a low `ulimit -n` fewer workers are "
+        "taken (docs/security.md).",
+    )
 
     @model_validator(mode="after")
     def _port_for_a(self) -> DiscoverConfig:
@@ -583,6 +592,13 @@ class RoutingConfig(_Strict):
         10.0, gt=0, description="A health check slower than this fails (vLLM on busy CPUs is slow)."
     )
     default_capacity: int = Field(64, gt=0, description="Capacity when nothing else says.")
+    probe_concurrency: int = Field(
+        32,
+        ge=1,
+        description="Most health checks and load scrapes of `url:` and discovered workers in "
+        "flight at once (each holds a connection); the others wait their turn, so a pool of "
+        "thousands of addresses cannot take every descriptor of the gateway.",
+    )
     kv_events: KvEventsConfig = Field(
         default_factory=KvEventsConfig, description="Precise prefix routing (KV-cache events)."
     )

@@ -212,6 +212,12 @@ class Metrics:
             "Failed DNS lookups of a `discover:` entry (its last good set of workers was kept).",
             ["entry"], registry=r,
         )  # fmt: skip
+        self.discovery_dropped = Gauge(
+            "gpupool_discovery_dropped",
+            "Addresses of a `discover:` entry's last answer left out: beyond its `max_workers` "
+            "or the descriptors the gateway keeps for itself.",
+            ["entry"], registry=r,
+        )  # fmt: skip
         self.queue_wait = HotHistogram(Histogram(
             "gpupool_queue_wait_seconds", "Time spent waiting for a slot.", ["model"],
             buckets=WAIT_BUCKETS, registry=r,

@@ -321,7 +321,7 @@ def discovery_hooks(svc: Services) -> DiscoveryHooks:
     async def joined(w: Worker) -> None:
         svc.metrics.worker_state(w.model, w.name, w.state.value)
         svc.metrics.capacity.labels(w.model, w.name).set(w.capacity)
-        await svc.poller.check(w)
+        svc.poller.check_soon(w)  # in the background: thousands may join at once
 
     def removed(w: Worker) -> None:
         svc.metrics.forget_worker(w.model, w.name)
@@ -332,4 +332,7 @@ def discovery_hooks(svc: Services) -> DiscoveryHooks:
     def failed(entry: str) -> None:
         svc.metrics.discovery_failures.labels(entry).inc()
 
-    return DiscoveryHooks(make, joined, svc.drain, removed, failed)
+    def dropped(entry: str, n: int) -> None:
+        svc.metrics.discovery_dropped.labels(entry).set(n)
+
+    return DiscoveryHooks(make, joined, svc.drain, removed, failed, dropped)

@@ -9,6 +9,12 @@ headless Services resolve. What the name returns is the entry's set of workers:
   passes (``/health`` and ``/v1/models`` listing the model);
 - an address gone from the answer is drained (no new requests, the running ones finish, up to
   ``drain_s``), then removed;
+- an answer larger than the entry's ``max_workers``, or than the descriptors the gateway can
+  spare for workers (:func:`workers_for_descriptors`, shared by every entry), is cut: the
+  workers already in the pool stay, then the lowest addresses join; the rest are left out,
+  logged when their number changes and reported through ``DiscoveryHooks.dropped``
+  (``gpupool_discovery_dropped``), so one DNS name of 4,000 addresses cannot take every
+  descriptor, metric series and page row of the gateway;
 - a failed lookup (timeout, SERVFAIL, no server) changes nothing: the last good set stays, the
   failure is logged and counted (``gpupool_discovery_failures_total``). A name that does not
   exist (NXDOMAIN) or has no records is an answer, the empty set: a service scaled to zero.
@@ -23,6 +29,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import resource
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
@@ -122,6 +129,32 @@ def _is_ip(text: str) -> bool:
     return True
 
 
+# Descriptors a discovered worker may hold (an estimate: the health check's and the scrape's
+# pooled connections, and one or two of the data path's), and those the gateway keeps for
+# itself (clients, listening socket, logs, Redis, DNS) whatever the workers take.
+FDS_PER_WORKER = 4
+FDS_RESERVED_MIN = 256
+
+
+def workers_for_descriptors(soft_limit: int | None = None) -> int:
+    """How many discovered workers the process's descriptor limit (``ulimit -n``) can hold
+    after the gateway's own share (a quarter of the limit, at least ``FDS_RESERVED_MIN``)."""
+    if soft_limit is None:
+        soft_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft_limit == resource.RLIM_INFINITY or soft_limit < 0:
+        return 1 << 30
+    reserved = max(FDS_RESERVED_MIN, soft_limit // 4)
+    return max(0, (soft_limit - reserved) // FDS_PER_WORKER)
+
+
+def _address_order(target: Target) -> tuple[int, int, str, int]:
+    try:
+        ip = ipaddress.ip_address(target.host)
+    except ValueError:
+        return (9, 0, target.host, target.port)
+    return (ip.version, int(ip), "", target.port)
+
+
 @dataclass(frozen=True, slots=True)
 class DiscoveryHooks:
     """What discovery asks of the gateway's services."""
@@ -131,6 +164,7 @@ class DiscoveryHooks:
     drain: Callable[[Worker, float], Awaitable[None]]  # running requests finish, then stopped
     removed: Callable[[Worker], None]  # taken out of the registry: forget its series
     failed: Callable[[str], None]  # a lookup of this entry failed
+    dropped: Callable[[str, int], None] = lambda entry, n: None  # addresses left out, each answer
 
 
 class Discovery:
@@ -142,9 +176,13 @@ class Discovery:
         entries: Iterable[WorkerConfig],
         hooks: DiscoveryHooks,
         resolver: Callable[[DiscoverConfig], Resolver] = DnsResolver,
+        max_total: int | None = None,
     ) -> None:
         self.registry = registry
         self.hooks = hooks
+        # every entry's workers together (None: what the descriptor limit allows)
+        self.max_total = workers_for_descriptors() if max_total is None else max_total
+        self._dropped: dict[str, int] = {}  # entry -> addresses its last answer left out
         self._make_resolver = resolver
         self._entries: dict[str, WorkerConfig] = {}
         self._resolvers: dict[str, Resolver] = {}
@@ -191,13 +229,34 @@ class Discovery:
                         entry, len(self.workers(entry)), e)  # fmt: skip
             self.hooks.failed(entry)
             return
-        wanted = {t.worker_name(entry): t for t in found}
         have = {w.name: w for w in self.workers(entry)}
+        wanted = self._capped(entry, spec, found, have)
         joining = sorted(set(wanted) - set(have))
         await asyncio.gather(*(self._join(wc, n, wanted[n].url(spec.scheme)) for n in joining))
         for name in sorted(set(have) - set(wanted)):
             if name not in self._draining:
                 self._draining[name] = asyncio.create_task(self._retire(have[name], spec.drain_s))
+
+    def _capped(
+        self, entry: str, spec: DiscoverConfig, found: set[Target], have: dict[str, Worker]
+    ) -> dict[str, Target]:
+        """The part of ``found`` this entry takes: at most ``spec.max_workers``, and no more
+        than the descriptor budget leaves after the other entries' workers; those already
+        here first (no churn), then by address."""
+        others = sum(1 for w in self.registry if "@" in w.name and w.name not in have
+                     and w.name.partition("@")[0] in self._entries)  # fmt: skip
+        room = max(0, min(spec.max_workers, self.max_total - others))
+        order = sorted(found, key=lambda t: (t.worker_name(entry) not in have, _address_order(t)))
+        kept = {t.worker_name(entry): t for t in order[:room]}
+        dropped = len(found) - len(kept)
+        if dropped != self._dropped.get(entry, 0):
+            limit = "max_workers" if room == spec.max_workers else "the descriptor limit"
+            log.warning("discover %s: %d of %d addresses left out (%s: %d workers; "
+                        "raise discover.max_workers or `ulimit -n`)",
+                        entry, dropped, len(found), limit, room)  # fmt: skip
+        self._dropped[entry] = dropped
+        self.hooks.dropped(entry, dropped)
+        return kept
 
     async def _join(self, wc: WorkerConfig, name: str, url: str) -> None:
         worker = self.hooks.make(wc.model_copy(update={"name": name, "url": url, "discover": None}))

@@ -28,6 +28,9 @@ class RemotePoller:
         self.session = session
         self.cfg = cfg
         self._tasks: list[asyncio.Task[None]] = []
+        self._soon: set[asyncio.Task[None]] = set()  # first checks of workers that just joined
+        # every probe and scrape holds a connection: at most this many at once
+        self._slots = asyncio.Semaphore(cfg.probe_concurrency)
         self._unfiltered: set[str] = set()  # worker URLs that refuse the filtered metrics path
         # False for a swap group's member: its group brings it back (workers/swap), as only it
         # asks /is_sleeping; the poller checks it only while it is ready, to take it out.
@@ -41,12 +44,20 @@ class RemotePoller:
         ]
 
     async def close(self) -> None:
-        for t in self._tasks:
+        tasks = [*self._tasks, *self._soon]
+        for t in tasks:
             t.cancel()
-        for t in self._tasks:
+        for t in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks = []
+
+    def check_soon(self, w: Worker) -> None:
+        """Check ``w`` in the background (a worker that just joined): whoever adds thousands
+        at once is not held up by their probes, which take their turn for a slot."""
+        task = asyncio.create_task(self.check(w))
+        self._soon.add(task)
+        task.add_done_callback(self._soon.discard)
 
     async def _loop(self, step: Callable[[], Awaitable[None]], interval: float) -> None:
         while True:
@@ -62,7 +73,8 @@ class RemotePoller:
             return  # drained, or the swap group's to change (asleep, waking, falling asleep)
         if w.state is not WorkerState.ready and not self.may_ready(w):
             return  # a swap group's member that is out: its group reads it (last_error too)
-        result = await probe(self.session, w.url, w.model, self.cfg.health_timeout_s)
+        async with self._slots:
+            result = await probe(self.session, w.url, w.model, self.cfg.health_timeout_s)
         if w.state in _NOT_MINE:
             return  # drained (or put to sleep) while the probe ran: its answer is stale
         if result.ready:
@@ -86,7 +98,8 @@ class RemotePoller:
     async def scrape(self, w: Worker) -> None:
         assert w.url is not None
         before = (w.inflight, w.requests_total)
-        load = await scrape_load(self.session, w.url, unfiltered=self._unfiltered)
+        async with self._slots:
+            load = await scrape_load(self.session, w.url, unfiltered=self._unfiltered)
         if load is not None:
             if load.cache is not None:
                 w.cache_info = load.cache

@@ -4,6 +4,7 @@ joins, drains that wait for running requests, failures that keep the set, reload
 from __future__ import annotations
 
 import asyncio
+import resource
 
 import pytest
 from pydantic import ValidationError
@@ -14,6 +15,7 @@ from gpupool.workers.discovery import (
     DiscoveryError,
     DiscoveryHooks,
     Target,
+    workers_for_descriptors,
 )
 from gpupool.workers.registry import Registry, Worker, WorkerState
 
@@ -168,3 +170,61 @@ async def test_replace_keeps_workers_when_only_the_lookup_changed() -> None:
     await disc.refresh("a")  # the next lookup brings it back with the new capacity
     assert [w.capacity for w in disc.workers("a")] == [9]
     await disc.close()
+
+
+# ---- bounded at scale (issue 35: one answer of 4,000 addresses) ------------------------------
+
+
+def _many(n: int, base: str = "10.0") -> set[Target]:
+    return {Target(f"{base}.{i // 250}.{i % 250 + 1}", 8000) for i in range(n)}
+
+
+async def test_an_answer_beyond_max_workers_is_cut_logged_once_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    entry = WorkerConfig.model_validate({"name": "pool", "model": "m", "discover": {
+        "dns": "pool.test", "port": 8000, "every_s": 3600, "max_workers": 3}})  # fmt: skip
+    dropped: list[int] = []
+    registry, script = Registry(), Script()
+    host = Host(registry)
+    hooks = DiscoveryHooks(host.make, host.join, host.drain, host.remove, host.failures.append,
+                           lambda _entry, n: dropped.append(n))  # fmt: skip
+    disc = Discovery(registry, [entry], hooks, resolver=script, max_total=1000)
+    script.answers["pool.test"] = _many(4000)
+    await disc.refresh("pool")
+    names = sorted(w.name for w in disc.workers("pool"))
+    assert names == ["pool@10.0.0.1:8000", "pool@10.0.0.2:8000", "pool@10.0.0.3:8000"]
+    await disc.refresh("pool")
+    assert dropped == [3997, 3997]
+    assert [r.getMessage() for r in caplog.records if "left out" in r.getMessage()] == [
+        "discover pool: 3997 of 4000 addresses left out (max_workers: 3 workers; "
+        "raise discover.max_workers or `ulimit -n`)"
+    ]
+    # a lower address appears: the workers already in the pool stay (no churn)
+    script.answers["pool.test"] = _many(4000) | {Target("9.0.0.1", 8000)}
+    await disc.refresh("pool")
+    assert sorted(w.name for w in disc.workers("pool")) == names and dropped[-1] == 3998
+    assert len(host.joined) == 3
+    # one of them leaves DNS: the next lowest takes its place
+    script.answers["pool.test"] = _many(4000) - {Target("10.0.0.2", 8000)}
+    await disc.refresh("pool")
+    await asyncio.sleep(0.05)
+    assert "pool@10.0.0.4:8000" in {w.name for w in disc.workers("pool")}
+    await disc.close()
+
+
+async def test_the_descriptor_budget_is_shared_by_every_entry() -> None:
+    disc, _, script = _setup(_entry("a", "a.test"), _entry("b", "b.test"))
+    disc.max_total = 5
+    script.answers |= {"a.test": _many(4, "10.1"), "b.test": _many(4, "10.2")}
+    await disc.refresh("a")
+    await disc.refresh("b")
+    assert len(disc.workers("a")) == 4 and len(disc.workers("b")) == 1
+    await disc.close()
+
+
+def test_descriptors_left_for_workers_keep_the_gateways_own_share() -> None:
+    assert workers_for_descriptors(1024) == (1024 - 256) // 4
+    assert workers_for_descriptors(65536) == (65536 - 16384) // 4
+    assert workers_for_descriptors(100) == 0
+    assert workers_for_descriptors(resource.RLIM_INFINITY) > 1_000_000
