@@ -172,12 +172,13 @@ def gateway_config(
 
 @contextlib.contextmanager
 def pool(
-    shape: Shape, tmp: Path | None = None, gateway_tree: Path = ROOT, kv: Path | None = None
-) -> Iterator[Pool]:
+    shape: Shape, tmp: Path | None = None, gateway_tree: Path = ROOT, kv: Path | None = None,
+    routing: dict[str, Any] | None = None,
+) -> Iterator[Pool]:  # fmt: skip
     """Start both simulators and ``gpupool serve`` (``gateway_tree``'s: another checkout or a
     ``git archive`` of a commit, for a baseline); stop all of them on every exit. ``kv``: a model
     directory: the simulators publish KV-cache events, hashing prompts with its tokenizer, and
-    the gateway routes precisely on them."""
+    the gateway routes precisely on them; ``routing``: settings over the gateway's defaults."""
     tmp = tmp or Path(tempfile.mkdtemp(prefix="gpupool-tput-"))
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -199,6 +200,7 @@ def pool(
             _wait_ready(direct[name] + "/health", procs[-1], log)
         port = free_port()
         cfg = gateway_config(direct, shape, port, tmp / "state", events if kv else None)
+        cfg["routing"].update(routing or {})
         path = tmp / "gpupool.yaml"
         path.write_text(yaml.safe_dump(cfg))
         log = tmp / "gateway.log"
