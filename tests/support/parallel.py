@@ -69,8 +69,8 @@ def _scheduler(config: pytest.Config, log: Any) -> Any:
         def _assign_work_unit(self, node: Any) -> None:
             if self.cost is None:
                 self.cost = expected_seconds(list(self.collection or ()), _measured())
-            cost = self.cost
-            longest = max(self.workqueue, key=lambda unit: cost.get(unit, 0.0))
+            cost = self.cost  # the heavy unit first whatever its estimate: it is the longest
+            longest = max(self.workqueue, key=lambda u: (u == HEAVY_UNIT, cost.get(u, 0.0)))
             self.workqueue.move_to_end(longest, last=False)
             super()._assign_work_unit(node)
 
