@@ -37,7 +37,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     }
     gw = gateway(cfg, tmp)
     with running(big, small), running(gw, ready_path="/ready"):
-        yield {"gw": gw, "big": big, "small": small, "tmp": tmp}
+        yield {"gw": gw, "big": big, "small": small, "tmp": tmp, "cfg": cfg}
+
+
+@pytest.fixture
+def fresh(stack: dict[str, Any], tmp_path: Path) -> Iterator[str]:
+    """A gateway of its own over the module's workers, for tests of where a request goes: the
+    shared gateway's earlier requests move routing's tie-breaks (how much and how fast each
+    worker served lately), and under load by how long they took."""
+    gw = gateway(stack["cfg"], tmp_path)
+    with running(gw, ready_path="/ready"):
+        yield gw.url
 
 
 @pytest.fixture
@@ -92,7 +102,8 @@ def test_streaming_with_openai_client(client: openai.OpenAI) -> None:
     assert len([c for c in cstream]) >= 1
 
 
-def test_long_prompt_goes_to_the_big_worker_and_short_to_small(client: openai.OpenAI) -> None:
+def test_long_prompt_goes_to_the_big_worker_and_short_to_small(fresh: str) -> None:
+    client = openai.OpenAI(base_url=fresh + "/v1", api_key="x", max_retries=0)
     long = client.chat.completions.with_raw_response.create(
         model=MODEL, messages=[{"role": "user", "content": _words(1500)}], max_tokens=4
     )
@@ -157,8 +168,8 @@ def test_health_ready_and_metrics(stack: dict[str, Any]) -> None:
     assert "gpupool_time_to_first_token_seconds_bucket" in text
 
 
-def test_client_disconnect_frees_the_worker_slot(stack: dict[str, Any]) -> None:
-    url, small = stack["gw"].url, stack["small"]
+def test_client_disconnect_frees_the_worker_slot(stack: dict[str, Any], fresh: str) -> None:
+    url, small = fresh, stack["small"]
     httpx.post(small.url + "/sim/control", json={"itl_ms": 200})
     try:
         before = httpx.get(small.url + "/sim/stats").json()["aborted_total"]

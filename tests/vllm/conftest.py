@@ -47,6 +47,10 @@ def _worker(name: str, model_dir: Path, window: int, py: Path) -> dict[str, Any]
                 "max-num-batched-tokens": 2048,
                 # these workers return raw `<think>` text so that the gateway's split is tested
                 "reasoning-parser": False,
+                # no torch.compile: on CPU it is most of a start (34 s of 70 with a cold cache,
+                # several minutes on a loaded 2-core box), and these tests read the API, not speed
+                # (vLLM's own CPU CI skips it too, VLLM_CPU_CI_ENV)
+                "enforce-eager": True,
             },
             "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"},
             "startup_timeout_s": 300,

@@ -69,6 +69,7 @@ def _worker(name: str, model_dir: Path, py: Path) -> dict[str, Any]:
                 "max-model-len": 2048,
                 "max-num-seqs": _CAPACITY,
                 "max-num-batched-tokens": 2048,
+                "enforce-eager": True,  # no torch.compile (tests/vllm/conftest.py says why)
             },
             "env": {
                 "VLLM_CPU_KVCACHE_SPACE": "1",
