@@ -67,17 +67,20 @@ unit: install
 
 # Every run ends with the 30 slowest tests and the time per test folder (tests/support/timing.py).
 TIMING ?= --timing=30
+# pytest-xdist workers: each test file runs whole on one; real vLLM and the Docker stack share one
+# unit, so they never run beside each other (tests/support/parallel.py). JOBS=1: serially.
+JOBS ?= 3
+XDIST = $(if $(filter 1,$(JOBS)),,-n $(JOBS))
 
 # The gate: lint, types and every test, real vLLM, Docker and the browser included.
 test: install lint typecheck models ops-deps docker-deps
 	GPUPOOL_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python GPUPOOL_TINY_MODELS=$(CURDIR)/$(MODELS) \
-		$(BIN)/pytest -q $(TIMING)
+		$(BIN)/pytest -q $(XDIST) $(TIMING)
 
 # The inner loop (DEVELOPING.md): lint, types and every test that needs no real vLLM, Docker or
-# browser, on JOBS pytest-xdist workers (tests/support/parallel.py keeps each file on one worker).
-JOBS ?= 3
+# browser, on the same workers.
 check: install lint typecheck
-	$(BIN)/pytest -q -n $(JOBS) -m "not (vllm or docker or browser)" --timing=10
+	$(BIN)/pytest -q $(XDIST) -m "not (vllm or docker or browser)" --timing=10
 
 # The tests marked `timing` N times beside two CPU burners (scripts/stress_tests.sh).
 N ?= 5

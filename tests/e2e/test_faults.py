@@ -45,7 +45,8 @@ from tests.support.fault_tools import (
 )
 from tests.support.procs import Proc, gateway, redis_server, running, sim
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+# timing: how soon a fault is seen and a worker is back is bounded (each bound says its slack)
+pytestmark = [pytest.mark.slow, pytest.mark.timing, pytest.mark.timeout(180)]
 
 NO_AFFINITY = {"prefix_affinity": False}
 

@@ -33,6 +33,8 @@ from gpupool.config.models import ServerConfig
 from tests.support.hostile_tools import Recorder, assert_nothing_held, held
 from tests.support.procs import Proc, gateway, running, sim
 
+pytestmark = pytest.mark.timing  # a reader is judged by bytes per write_timeout_s
+
 MODEL, OTHER = "m", "a"  # the simulator's model; the stand-in's (responses and messages)
 KEY, ADMIN = "sk-stall-key", "sk-stall-admin"
 ADMIN_H = {"authorization": f"Bearer {ADMIN}"}

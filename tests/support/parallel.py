@@ -80,3 +80,20 @@ def _scheduler(config: pytest.Config, log: Any) -> Any:
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return _scheduler(config, log)
+
+
+def write_durations(timing_json: Path, out: Path = DURATIONS) -> dict[str, float]:
+    """Seconds per file from a ``--timing-json`` file, as :data:`DURATIONS` keeps them."""
+    tests: dict[str, float] = json.loads(timing_json.read_text())["tests"]
+    per: Counter[str] = Counter()
+    for nodeid, seconds in tests.items():
+        per[nodeid.split("::", 1)[0]] += seconds
+    kept = {path: round(max(s, 0.1), 1) for path, s in sorted(per.items())}
+    out.write_text(json.dumps(kept, indent=1) + "\n")
+    return kept
+
+
+if __name__ == "__main__":  # python -m tests.support.parallel TIMING_JSON
+    import sys
+
+    write_durations(Path(sys.argv[1]))

@@ -34,7 +34,8 @@ import pytest
 
 from bench import throughput as tput
 
-pytestmark = pytest.mark.timeout(240)
+# timing: a throughput ratio and how far apart six chats end (the guard states its bounds)
+pytestmark = [pytest.mark.timing, pytest.mark.timeout(240)]
 
 SHAPE = tput.Shape()
 FLOOR = 0.97

@@ -34,6 +34,8 @@ from tests.gateway.swap.tools import (
 from tests.support.hostile_tools import assert_nothing_held
 from tests.support.procs import Proc
 
+pytestmark = pytest.mark.timing  # a switch pauses the holder after swap.pause_after_s
+
 DEADLINE_S = 120.0
 TOKENS = 200
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import openai
+import pytest
 
 from tests.gateway.swap.tools import (
     launched,
@@ -26,6 +27,8 @@ from tests.gateway.swap.tools import (
 )
 from tests.support.hostile_tools import assert_nothing_held
 from tests.support.procs import Proc
+
+pytestmark = pytest.mark.timing  # a stalled client is cut by its write deadline
 
 DEADLINE_S = 60.0
 

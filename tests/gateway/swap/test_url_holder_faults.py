@@ -33,6 +33,8 @@ from tests.gateway.swap.tools import (
 from tests.support.hostile_tools import assert_nothing_held
 from tests.support.procs import Proc, running, sim
 
+pytestmark = pytest.mark.timing  # a holder unreachable or hanging for seconds, timeouts of 1 s
+
 WAITS = "waits for it"  # the holder's last_error while its group waits for it
 
 

@@ -14,6 +14,8 @@ from gpupool.gateway.upstream.limits import WorkerLimits
 from tests.gateway.upstream.test_http1_limits import failure
 from tests.gateway.upstream.test_upstream_http1 import SSE_HEAD, Reader, Worker, Writer, chunk, ok
 
+pytestmark = pytest.mark.timing  # idle and total deadlines of a fraction of a second
+
 LIMITS = WorkerLimits(total_s=0.6, idle_s=0.3)
 INF = float("inf")
 

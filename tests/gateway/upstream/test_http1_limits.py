@@ -17,6 +17,8 @@ from gpupool.gateway.upstream.http1 import Http1Pool
 from gpupool.gateway.upstream.limits import WorkerLimits
 from tests.gateway.upstream.test_upstream_http1 import SSE_HEAD, Reader, Worker, Writer, chunk, ok
 
+pytestmark = pytest.mark.timing  # idle and total deadlines of a fraction of a second
+
 LIMITS = WorkerLimits(max_head_bytes=4096, max_headers=20, max_interim=2, max_body_bytes=65536,
                       max_event_bytes=65536, total_s=0.4, idle_s=0.3)  # fmt: skip
 
