@@ -101,9 +101,22 @@ def test_the_worker_holding_the_prompt_gets_it(stack: dict[str, Any]) -> None:
     assert len(hashes) >= 3
     _until(lambda: _stored(pubs["w2"], ids, hashes, gw), "w2 indexed")
     assert _worker_of(gw, _body()) == "w2"  # w1 ranks first on a tie by name
-    assert _worker_of(gw, _body(cache_salt="other")) == "w1"  # another tenant shares nothing
+    before = _outcomes(gw)
+    _worker_of(gw, _body(cache_salt="other"))  # another tenant's salt: nothing shared
+    after = _outcomes(gw)
+    assert after.get("exact", 0) - before.get("exact", 0) == 1, after  # predicted 0, as reported
+    assert after.get("over", 0) == 1, after  # the first: predicted cached, the fake says 0
     modes = _metric(gw, "gpupool_kv_routed_requests_total")
     assert modes.get('mode="precise",model="m"', 0) >= 2, modes
+
+
+def _outcomes(gw: Proc) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for labels, v in _metric(gw, "gpupool_kv_predictions_total").items():
+        outcome = re.search(r'outcome="(\w+)"', labels)
+        assert outcome is not None
+        out[outcome[1]] = out.get(outcome[1], 0.0) + v
+    return out
 
 
 def _stored(pub: KvPublisher, ids: list[int], hashes: list[int], gw: Proc) -> bool:

@@ -1,7 +1,7 @@
 """A fake vLLM worker for precise prefix routing tests: ready, shows vLLM's
 ``vllm:cache_config_info`` (block size 128, sha256, prefix caching on) on ``/metrics``, answers
-chat and completions with a fixed reply, and publishes KV-cache events through a
-:class:`KvPublisher` the test drives (vLLM's wire format and replay protocol)."""
+chat and completions with a fixed reply that reports 0 cached tokens; the test publishes its
+KV-cache events through a :class:`KvPublisher` (vLLM's wire format and replay protocol)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,9 @@ class KvWorker:
             await _reply(send, 404, b'{"error": "not found"}')
 
     def _answer(self, path: str) -> dict[str, Any]:
-        usage = {"prompt_tokens": 1, "total_tokens": 2, "completion_tokens": 1}
+        # no prompt count (the gateway's prediction is compared with cached_tokens alone)
+        usage = {"prompt_tokens": 0, "total_tokens": 1, "completion_tokens": 1,
+                 "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
         if path == "/v1/completions":
             choice: dict[str, Any] = {"index": 0, "text": "x", "finish_reason": "length"}
         else:

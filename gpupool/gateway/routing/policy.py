@@ -19,9 +19,10 @@ worker whose cache is known exactly, the prompt tokens vLLM will find cached the
 (``RouteRequest.kv``). The worker holding the most then moves to the front under the same
 rules as affinity: it has a free slot and is among the least busy (``kv_events.max_lead``: how
 much busier it may be), its engine queues no more than another's; when every candidate is full
-the request is first in line for its next slot for ``affinity_wait_s``. When every candidate's
-cache is known and none holds any of it, load alone decides; when some are not known exactly,
-today's affinity does.
+the request is first in line for its next slot for ``affinity_wait_s``. When no candidate is
+known to hold any of it, today's affinity decides: it spreads the openings of conversations it
+has seen (the throughput guard's burst after its rounds piled six openings on one worker when
+load alone decided there, a slow worker's pace penalty tipping every tie).
 
 Prefix affinity moves a conversation's worker to the front while it has a free slot and is
 among the least busy candidates (``affinity_max_lead``, 0 by default: how much busier it may
@@ -238,8 +239,6 @@ class Router:
             decided = self._apply_cached(req.kv, ranked)
             if decided is not None:
                 return decided
-            if all(w.name in req.kv.cached for w in ranked):
-                return Decision(ranked)  # every cache known, none holds it: affinity would guess
         if not self._use_affinity or req.prefix_key is None:
             return Decision(ranked)
         name = self.affinity.get(req.prefix_key)

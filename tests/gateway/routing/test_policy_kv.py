@@ -37,11 +37,10 @@ def test_all_full_the_holder_is_first_in_line_for_a_while() -> None:
     assert d.prefer_s > 0
 
 
-def test_nothing_cached_in_known_caches_leaves_it_to_load() -> None:
+def test_nothing_cached_anywhere_leaves_it_to_load_and_affinity() -> None:
     router, a, b = Router(), worker("a", inflight=1), worker("b", inflight=1)
     router.served(RouteRequest("m", 1000, True, prefix_key=7), "b")
-    assert first(router, req({"a": 0, "b": 0}, key=7), [a, b]) == "a"  # affinity's guess is wrong
-    assert first(router, req({"a": 0}, key=7), [a, b]) == "b"  # b's cache unknown: affinity
+    assert first(router, req({"a": 0, "b": 0}, key=7), [a, b]) == "b"  # affinity decides
     assert first(router, req({}), [a, b]) == "a"  # load, then name
 
 
