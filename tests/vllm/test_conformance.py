@@ -65,6 +65,7 @@ def _config(py: Any, models: Any) -> Json:
     del parsed["launch"]["args"]["reasoning-parser"]  # the model's parsers apply
     raw = _worker("raw", models / "qwen3-dense", WINDOW, py)  # reasoning-parser: false
     raw["model"] = SPLIT
+    raw["launch"]["env"]["VLLM_ENABLE_RESPONSES_API_STORE"] = "1"  # stored responses (issue 35)
     return {
         "server": {"expose_worker_header": True},
         "models": [
