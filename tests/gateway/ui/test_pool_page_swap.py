@@ -59,7 +59,9 @@ def test_wake_sleep_and_restart_from_the_page(swap_page: tuple[Proc, Any]) -> No
          message="coder-w never ready after its restart")  # fmt: skip
     changes = _changes(driver)  # newest first: the restart, after the wake
     restarted = changes.index("coder-w (coder): ■ stopped → ◔ starting")
-    assert changes.index("coder-w (coder): ✓ ready → ■ stopped") > restarted
+    stopped = changes.index("coder-w (coder): ⇣ draining → ■ stopped")  # drained first
+    assert stopped > restarted
+    assert changes.index("coder-w (coder): ✓ ready → ⇣ draining") > stopped
     assert changes.index("coder-w (coder): ☀ waking → ✓ ready") > restarted
 
     _press(driver, "chat-w", "stop")  # asleep: stopped at once, its process ends
