@@ -16,7 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gpupool.gateway.ui.feed import MAX_WORKER_ROWS
 from tests.deploy.dns import Dnsmasq, dnsmasq_binary
+from tests.gateway.ui.pool import first_snapshot
 from tests.support.procs import Proc, free_port, gateway, running, sim, wait_http
 from tests.support.tarpit import address
 
@@ -87,8 +89,15 @@ def test_four_thousand_addresses_under_ulimit_1024(
             assert r.headers["x-gpupool-worker"] == f"pool@127.0.0.2:{port}"
             assert _open_fds(gw.pid) < NOFILE // 2
         kept = (NOFILE - 256) // 4  # discovery.workers_for_descriptors(1024)
-        workers = httpx.get(gw.url + "/admin/workers", timeout=30).json()["data"]
-        assert len(workers) == kept
+        listed = httpx.get(gw.url + "/admin/workers", timeout=30).json()
+        assert len(listed["data"]) == listed["total"] == kept and not listed["has_more"]
+        page = httpx.get(gw.url + "/admin/workers?offset=150&limit=20", timeout=30).json()
+        assert [w["name"] for w in page["data"]] == [w["name"] for w in listed["data"][150:170]]
+        assert page["has_more"] and page["total"] == kept
+        assert httpx.get(gw.url + "/admin/workers?limit=0").status_code == 400
+        snap = first_snapshot(gw.url)  # the pool page's feed: bounded cards, the rest counted
+        assert len(snap["workers"]) == MAX_WORKER_ROWS and snap["workers_total"] == kept
+        assert sum(snap["workers_hidden"].values()) == kept - MAX_WORKER_ROWS
         metrics = httpx.get(gw.url + "/metrics", timeout=30).text
         assert f'gpupool_discovery_dropped{{entry="pool"}} {float(N + 1 - kept)}' in metrics
         series = sum(1 for line in metrics.splitlines() if "worker=" in line)

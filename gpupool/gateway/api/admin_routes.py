@@ -109,13 +109,38 @@ def _worker(request: Request) -> Worker:
     return w
 
 
+def count(minimum: int, maximum: int) -> Reader:
+    """A reader of a whole number from ``minimum`` to ``maximum``."""
+
+    def read(name: str, text: str) -> int:
+        if not text.isdigit() or not minimum <= int(text) <= maximum:
+            raise InvalidBody(
+                f"Query parameter `{name}` must be a whole number from {minimum} to {maximum}.",
+                param=name,
+            )
+        return int(text)
+
+    return read
+
+
+PAGE_WORKERS = 500  # workers per page of GET /admin/workers (`?limit=` up to MAX_PAGE_WORKERS)
+MAX_PAGE_WORKERS = 5000
+
+
 async def list_workers(request: Request) -> ASGIApp:
-    """Every worker: state, url, pid, GPUs, window, in-flight and capacity, restarts, last error
-    and log lines, vLLM's KV usage and waiting count."""
-    _query(request, {})
+    """The workers, in pages: state, url, pid, GPUs, window, in-flight and capacity, restarts,
+    last error and log lines, vLLM's KV usage and waiting count. ``?offset=`` and ``?limit=``
+    (default 500, at most 5,000) page through a large pool; ``total`` and ``has_more`` say how
+    many there are."""
+    q = _query(request, {"offset": count(0, 10**9), "limit": count(1, MAX_PAGE_WORKERS)})
     svc = services(request)
-    data = [worker_status(w, svc.swap, svc.kv) for w in svc.registry]
-    return ReplyResponse(Reply.json(200, {"object": "list", "data": data}))
+    offset, limit = q.get("offset", 0), q.get("limit", PAGE_WORKERS)
+    workers = list(svc.registry)
+    page = workers[offset : offset + limit]
+    data = [worker_status(w, svc.swap, svc.kv) for w in page]
+    body = {"object": "list", "data": data, "total": len(workers), "offset": offset,
+            "has_more": offset + len(page) < len(workers)}  # fmt: skip
+    return ReplyResponse(Reply.json(200, body))
 
 
 async def get_worker(request: Request) -> ASGIApp:

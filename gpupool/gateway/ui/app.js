@@ -125,6 +125,7 @@ function render(snap) {
   status("live · updated " + time(snap.at));
   renderGpus(snap);
   renderWorkers(snap.workers);
+  $("workers-note").textContent = hiddenNote(snap.workers_hidden || {}, snap.workers_total);
   rows("queues", snap.queues, (q) => [
     q.model, reqs(q.depth), q.depth ? secs(q.oldest_wait_s) : "—", reqs(q.rejected_last_min),
   ]);
@@ -167,6 +168,16 @@ function list(id, items, item, empty) {
 function stateBadge(state) {
   const [icon, tone] = STATES[state] || ["?", "idle"];
   return el("span", { class: "state " + tone, "data-state": state }, icon + " " + state.replace("_", " "));
+}
+
+// A large pool (thousands of discovered addresses) sends cards for some workers only (those
+// not ready first) and counts the others by state: say so under the cards.
+function hiddenNote(hidden, total) {
+  const parts = Object.entries(hidden).map(([state, n]) => n + " " + state.replace("_", " "));
+  if (!parts.length) return "";
+  const n = Object.values(hidden).reduce((a, b) => a + b, 0);
+  return n + " of " + total + " workers not shown (" + parts.join(", ") +
+    "); GET /admin/workers?offset=… lists them all.";
 }
 
 function renderWorkers(workers) {

@@ -42,6 +42,7 @@ MAX_ERRORS = 50
 MAX_CHANGES = 50
 MAX_RELOADS = 10
 MAX_MESSAGE = 500  # characters of one logged message kept
+MAX_WORKER_ROWS = 100  # worker cards in a snapshot; the others are counted by state
 
 
 def wall_ms() -> int:
@@ -186,12 +187,15 @@ class PoolFeed:
         svc = self.svc
         queue = await svc.admission.snapshot()
         workers = list(svc.registry)
+        shown, hidden = shown_workers(workers)
         return {
             "at": wall_ms(),
             "auth": svc.cfg.auth.enabled,
             "gpus": gpu_rows(self.gpus, workers),
             "gpus_known": self.gpus is not None,
-            "workers": [self.worker_row(w) for w in workers],
+            "workers": [self.worker_row(w) for w in shown],
+            "workers_total": len(workers),
+            "workers_hidden": hidden,  # {state: count} of those past MAX_WORKER_ROWS
             "queues": self.queue_rows(queue, svc.cfg.models),
             "errors": list(self.errors.entries)[::-1],
             "changes": list(self.changes)[::-1],
@@ -236,6 +240,21 @@ def _totals(families: Iterable[Any], by: str, where: dict[str, str]) -> dict[str
                 key = s.labels.get(by, "")
                 totals[key] = totals.get(key, 0.0) + s.value
     return totals
+
+
+def shown_workers(workers: list[Worker]) -> tuple[list[Worker], dict[str, int]]:
+    """The workers the page shows as cards (at most ``MAX_WORKER_ROWS``: those not ready
+    first, then in the registry's order) and a count by state of the others, so that a pool
+    of thousands (a large DNS answer) costs a snapshot of bounded size every few seconds."""
+    if len(workers) <= MAX_WORKER_ROWS:
+        return workers, {}
+    order = sorted(range(len(workers)), key=lambda i: (workers[i].state is WorkerState.ready, i))
+    shown = [workers[i] for i in sorted(order[:MAX_WORKER_ROWS])]
+    hidden: dict[str, int] = {}
+    for i in order[MAX_WORKER_ROWS:]:
+        state = workers[i].state.value
+        hidden[state] = hidden.get(state, 0) + 1
+    return shown, hidden
 
 
 def gpu_rows(gpus: list[GpuInfo] | None, workers: list[Worker]) -> list[dict[str, Any]]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import orjson
+
 from gpupool.config.models import GpupoolConfig
 from gpupool.gateway.services import build_services
 from gpupool.gateway.ui.feed import (
@@ -94,5 +96,41 @@ def test_snapshot_holds_workers_queues_changes_and_reloads() -> None:
         assert snap["reloads"][0]["workers"] == 1
         assert feed.errors not in logging.getLogger("gpupool").handlers  # closed: unhooked
         assert feed.on_reload not in svc.reload_hooks
+
+    asyncio.run(main())
+
+
+def test_a_pool_of_thousands_gives_a_bounded_snapshot() -> None:
+    """Issue 35: 4,000 discovered workers made every snapshot 1.1-1.5 MB, every 2 s."""
+    from gpupool.gateway.ui.feed import MAX_WORKER_ROWS, shown_workers
+
+    workers = [Worker(f"w{i}", "m") for i in range(4000)]
+    for w in workers[:3990]:
+        w.state = WorkerState.ready
+    workers[2000].state = WorkerState.failed
+    shown, hidden = shown_workers(workers)
+    assert len(shown) == MAX_WORKER_ROWS
+    assert {w.name for w in shown if w.state is not WorkerState.ready} == {
+        "w2000", *(f"w{i}" for i in range(3990, 4000))}  # fmt: skip
+    assert [w.name for w in shown] == sorted((w.name for w in shown), key=lambda n: int(n[1:]))
+    assert hidden == {"ready": 4000 - MAX_WORKER_ROWS}
+    assert shown_workers(workers[:5]) == (workers[:5], {})
+
+    async def main() -> None:
+        cfg = GpupoolConfig.model_validate({
+            "models": [{"name": "m"}],
+            "workers": [{"name": f"w{i}", "model": "m", "url": f"http://127.0.0.1:{i + 1}"}
+                        for i in range(1000)],
+        })  # fmt: skip
+        svc = build_services(cfg)
+        feed = PoolFeed.attach(svc, lambda: "")
+        try:
+            snap = await feed.snapshot()
+        finally:
+            await feed.close()
+            await svc.close()
+        assert len(snap["workers"]) == MAX_WORKER_ROWS and snap["workers_total"] == 1000
+        assert snap["workers_hidden"] == {"starting": 1000 - MAX_WORKER_ROWS}
+        assert len(orjson.dumps(snap)) < 200_000
 
     asyncio.run(main())
