@@ -67,8 +67,8 @@ class BrowserGuard:
         unsafe = method not in SAFE_METHODS
         if unsafe and ctype is not None and not is_json(ctype):
             raise UnsupportedMediaType(
-                f"Content-Type `{ctype.decode('latin-1')[:100]}` is not accepted: send the body "
-                "as JSON with `Content-Type: application/json`."
+                f"Content-Type `{ctype.decode('latin-1')[:100]}` is not accepted: every route "
+                "of this gateway takes a JSON body (`Content-Type: application/json`) or none."
             )
         if not self.auth_off:
             return
