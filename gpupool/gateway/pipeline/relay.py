@@ -363,6 +363,7 @@ class Relay:
                 moved = await self._continue(ex, e, progress)
                 if moved is None:
                     raise
+                progress.rest()  # the dead worker's unended event: the client never gets it
                 if isinstance(moved, bytes):
                     yield moved  # every token had gone out: the stream's end
                     return
