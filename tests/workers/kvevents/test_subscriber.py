@@ -127,3 +127,36 @@ def test_a_late_subscriber_replays_from_the_start(tmp_path: Path) -> None:
         sub.join()
         pub.close()
         ctx.term()
+
+
+def test_the_seed_check_recomputes_only_a_few_blocks_of_a_long_sample(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``verify`` runs on the event loop per new sample: a sample that is a whole long prompt
+    must not be rehashed in full there (the seed shows in its first blocks already)."""
+    from gpupool.workers.kvevents import hashing
+    from gpupool.workers.kvevents.subscriber import VERIFY_BLOCKS, Sample
+
+    spec = hashing.HashSpec(block_size=4)
+    ids = list(range(4 * 2000))
+    good = hashing.block_hashes(ids, spec)
+    sub = Subscriber("w", KvSource("tcp://127.0.0.1:1"), BlockIndex(), zmq.Context.instance())
+    hashed: list[int] = []
+    chain = hashing.chain
+
+    def counting(parent: bytes, token_ids: list[int], *rest: Any) -> list[bytes]:
+        hashed.append(len(token_ids))
+        return chain(parent, token_ids, *rest)
+
+    monkeypatch.setattr(hashing, "chain", counting)
+    sub.samples.append(Sample(tuple(ids), None, tuple(good), 4))
+    sub._samples_seen += 1
+    assert sub.verify(spec) is True
+    assert hashed == [VERIFY_BLOCKS * 4]
+    wrong = hashing.block_hashes(ids[:8], hashing.HashSpec(4, seed="other"))
+    sub.samples.append(Sample(tuple(ids[:8]), None, tuple(wrong), 4))
+    sub._samples_seen += 1
+    assert sub.verify(spec) is False
+    sub.samples.append(Sample((1, 2), None, (), 0))  # a block size no worker has: skipped
+    sub._samples_seen += 1
+    assert sub.verify(hashing.HashSpec(block_size=0)) is None
