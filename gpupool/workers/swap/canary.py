@@ -33,7 +33,7 @@ async def ask(session: aiohttp.ClientSession, url: str, model: str, timeout_s: f
             headers={"content-type": "application/json"},
             timeout=aiohttp.ClientTimeout(total=timeout_s),
         ) as r:
-            raw = await r.content.read(_LIMIT)
+            raw = await _body(r.content)
             if r.status != 200:
                 raise CanaryFailed(f"the canary answered {r.status}")
     except TimeoutError:
@@ -47,3 +47,15 @@ async def ask(session: aiohttp.ClientSession, url: str, model: str, timeout_s: f
     if not isinstance(text, str):
         raise CanaryFailed("the canary's answer is not a completion")
     return text
+
+
+async def _body(content: aiohttp.StreamReader) -> bytes:
+    """The body to its end, at most ``_LIMIT`` bytes (``read(n)`` alone returns what has come
+    so far: a body in two packets would read as half a completion)."""
+    raw = b""
+    while len(raw) < _LIMIT:
+        chunk = await content.read(_LIMIT - len(raw))
+        if not chunk:
+            break
+        raw += chunk
+    return raw
