@@ -1,4 +1,5 @@
 """A stream whose worker died halfway through an event continues without that half event."""
+
 from __future__ import annotations
 
 import asyncio
@@ -23,10 +24,14 @@ class _Resp:
 
 
 def test_half_event_of_dead_worker_never_reaches_client() -> None:
-    first = _Resp([b'data: {"id":"a","choices":[{"index":0,"text":"Hi"}]}\n\n',
-                   b'data: {"id":"a","choi'], fail=True)
-    second = _Resp([b'data: {"id":"b","choices":[{"index":0,"text":" there"}]}\n\n',
-                    b"data: [DONE]\n\n"], fail=False)
+    first = _Resp(
+        [b'data: {"id":"a","choices":[{"index":0,"text":"Hi"}]}\n\n', b'data: {"id":"a","choi'],
+        fail=True,
+    )
+    second = _Resp(
+        [b'data: {"id":"b","choices":[{"index":0,"text":" there"}]}\n\n', b"data: [DONE]\n\n"],
+        fail=False,
+    )
     plan = SimpleNamespace(kind=SimpleNamespace(usage_option=True, shape=Shape.none))
     ex = SimpleNamespace(resp=first, plan=plan)
     relay = Relay.__new__(Relay)

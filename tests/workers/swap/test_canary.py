@@ -16,8 +16,10 @@ async def _split_server(body: bytes, task_done: asyncio.Event) -> tuple[asyncio.
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                     b"content-length: %d\r\n\r\n" % len(body) + body[: len(body) // 2])
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n" % len(body) + body[: len(body) // 2]
+        )
         await writer.drain()
         for _ in range(20):  # a read of the first half alone ends the client's ask meanwhile
             if task_done.is_set():
