@@ -315,7 +315,10 @@ def kv_events(
     ``--kv-events-config`` itself keeps it; the gateway then does not subscribe."""
     if any(flag_key(a.partition("=")[0]) == "kv-events-config" for a in argv if a.startswith("--")):
         return argv, env, None
-    name = _UNSAFE_PATH_CHARS.sub("_", worker.name)[:24]
+    # the name cut short, and a digest of it whole: two workers whose names share their
+    # first characters never share a socket (one's index would take the other's blocks)
+    digest = hashlib.sha256(worker.name.encode()).hexdigest()[:8]
+    name = _UNSAFE_PATH_CHARS.sub("_", worker.name)[:20] + "-" + digest
     pub, replay = f"ipc://{sock_dir}/{name}.pub", f"ipc://{sock_dir}/{name}.replay"
     config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": pub,
               "replay_endpoint": replay}  # fmt: skip

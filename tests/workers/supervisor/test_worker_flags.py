@@ -109,3 +109,23 @@ def test_worker_never_follows_media_redirects_unless_env_says() -> None:
         == "1"
     )
     assert "VLLM_MEDIA_URL_ALLOW_REDIRECTS" not in build_env(worker(), None, "/tmp/s", base={})
+
+
+def test_workers_with_names_alike_publish_kv_events_on_their_own_sockets(tmp_path: Any) -> None:
+    """Socket names are cut short (a Unix socket path's limit): two workers whose names share
+    their first characters still get a socket each (a shared one would feed one worker's
+    index the other's blocks)."""
+    from gpupool.workers.supervisor.command import kv_events, kv_socket_dir
+
+    def endpoints(name: str) -> tuple[str, str | None]:
+        wc = WorkerConfig.model_validate({"name": name, "model": "m", "launch": {
+            "model_path": "/m", "command": ["vllm", "serve", "{model_path}"]}})  # fmt: skip
+        _argv, _env, src = kv_events(wc, [], {}, "0", kv_socket_dir(tmp_path))
+        assert src is not None
+        assert len(src.endpoint.removeprefix("ipc://")) <= 107
+        return src.endpoint, src.replay
+
+    names = ["llama-3.1-70b-instruct-gpu0", "llama-3.1-70b-instruct-gpu1", "w"]
+    found = [endpoints(n) for n in names]
+    assert len({pub for pub, _ in found}) == len(names)
+    assert len({replay for _, replay in found}) == len(names)
