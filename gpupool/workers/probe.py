@@ -44,9 +44,10 @@ class CacheInfo:
 
     @classmethod
     def from_labels(cls, labels: dict[str, str]) -> CacheInfo:
-        def number(key: str) -> int | None:
+        def number(key: str) -> int | None:  # a positive whole number, else unknown
             value = labels.get(key, "")
-            return int(value) if value.isdigit() else None
+            n = int(value) if value.isascii() and value.isdigit() else 0
+            return n if n > 0 else None
 
         hybrid = labels.get("mamba_block_size", "None") != "None" or (
             labels.get("hash_block_size", "None") not in ("None", labels.get("block_size"))

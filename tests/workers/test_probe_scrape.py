@@ -73,3 +73,22 @@ async def test_an_unreachable_worker_is_not_taken_for_one_without_the_filter(
     plain: set[str] = set()
     assert await scrape_load(session, "http://127.0.0.1:9", 0.5, plain) is None
     assert plain == set()
+
+
+@pytest.mark.parametrize("block_size", ["²", "0", "-16", "16.0", ""])
+def test_a_cache_info_line_with_a_block_size_not_a_positive_number_reads_as_unknown(
+    block_size: str,
+) -> None:
+    """A worker is only semi-trusted: a block size such as ``²`` (a digit to ``isdigit``, not
+    to ``int``) once raised out of the scrape and ended the poller's scrape loop for every
+    worker; ``0`` made every precisely routed request fail on a zero block step."""
+    from gpupool.workers.probe import parse_load
+
+    line = (
+        f'vllm:cache_config_info{{block_size="{block_size}",enable_prefix_caching="True",'
+        f'num_gpu_blocks="{block_size}",prefix_caching_hash_algo="sha256"}} 1.0\n'
+    )
+    load = parse_load(line + GAUGES)
+    assert load.cache is not None
+    assert load.cache.block_size is None and load.cache.num_blocks is None
+    assert load.running == 2.0
