@@ -34,7 +34,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from gpupool.config import ConfigError, load_config
-from gpupool.config.models import ApiKey, GpupoolConfig
+from gpupool.config.models import ApiKey, GpupoolConfig, unauthenticated_exposure
 from gpupool.config.swap import sleeps
 from gpupool.gateway.admission.base import LIVE_QUEUE
 from gpupool.gateway.catalog import Catalog
@@ -94,6 +94,11 @@ async def reload_config(svc: Services) -> dict[str, Any]:
     async with svc.reload_lock:
         new, auth = await _read(svc, svc.config_path)
         live = build_live(svc.cfg, new, auth)
+        # the new auth on the address actually bound (the file's own was checked as it loaded;
+        # ``serve --host`` may have bound another, and a reload keeps the running one)
+        exposed = unauthenticated_exposure(live.cfg)
+        if exposed is not None:
+            raise BadRequest(f"The new configuration is refused; nothing changed: {exposed}.")
         keys = _key_changes(svc.auth.state, auth)
         # isolated or not, by the tenants now; a generated secret is kept (``tenancy/secret.py``)
         cache = await build_scope(live.cfg.tenancy, live.cfg.auth, auth.store.keys.values(),
