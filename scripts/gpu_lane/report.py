@@ -219,7 +219,9 @@ def swap_cell(r: dict[str, Any]) -> str:
     if alt.get("requests"):
         cells.append(f"{alt['requests']} alternations, {alt.get('failures')} failed")
     l2 = _g(r, "switch_l2") or {}
-    if l2.get("runs"):
+    if l2.get("runs") and "restarts_instead" not in l2:  # before 5bcc1fe: dummy weights, restarts
+        cells.append("L2 not measured (its wakes were restarts)")
+    elif l2.get("runs"):
         canary = l2.get("canary") or {}
         cells.append(
             f"L2 switch p50 {_f(_g(l2, 'switch_ttft', 'p50'))} s "

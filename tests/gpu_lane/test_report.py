@@ -78,6 +78,8 @@ def test_the_sleep_phases_show_their_switches_canary_and_pause() -> None:
     assert "L2 switch p50 9.5 s (0 restarts instead, 0 failed), canary same 3/3" in cell
     assert "pause: 1 paused, stall 31.2 s, 3000 tokens whole, text differs" in cell
     assert report.swap_cell({}) == "-"
+    old = {"switch_l2": {"switch_ttft": {"n": 3, "p50": 52.3}, "failures": 0, "runs": [{}]}}
+    assert report.swap_cell(old) == "L2 not measured (its wakes were restarts)"
 
 
 def test_a_planner_shapes_row_names_its_card() -> None:
