@@ -88,11 +88,13 @@ def check(config_path: str, gpu_names: str | None, gpu_memory_gb: str | None) ->
 @click.option("--url", default="http://127.0.0.1:8000", help="The gateway to ask.")
 @click.option("--admin-key", envvar="GPUPOOL_ADMIN_KEY", default=None, help="Admin key.")
 @click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
-def status(url: str, admin_key: str | None, as_json: bool) -> None:
-    """Show every worker's state, load and errors as a table."""
+@click.option("--wide", is_flag=True, help="Every column (GPUs, window, requests, KV cache...).")
+def status(url: str, admin_key: str | None, as_json: bool, wide: bool) -> None:
+    """Show every worker's state, load and errors as a table (80 columns; --wide: all), and
+    each swap group's holder, waiting requests and switches."""
     from gpupool.cli.status import run_status
 
-    sys.exit(run_status(url, admin_key, as_json))
+    sys.exit(run_status(url, admin_key, as_json, wide))
 
 
 @cli.command("new-key", epilog="\b\nExamples:\n  gpupool new-key --name alice --tenant team-a\n"

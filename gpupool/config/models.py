@@ -243,12 +243,42 @@ class SleepConfig(_Strict):
     )
 
 
+class SwapPolicy(StrEnum):
+    weighed = "weighed"
+    turns = "turns"
+
+
 class SwapConfig(_Strict):
+    policy: SwapPolicy = Field(
+        SwapPolicy.weighed,
+        description="`weighed`: switch when the waiting demand (count, age, priority) outweighs "
+        "what the switch costs the awake model (its running and queued requests, the measured "
+        "switch time), or a request would wait past `max_wait_s`; what waits meanwhile is "
+        "woken for together. `turns`: gpupool's first policy, a switch for any waiting "
+        "request once `min_awake_s` has passed (kept for comparison).",
+    )
+    max_wait_s: float = Field(
+        30.0,
+        gt=0,
+        description="`weighed`: no request waits longer than this for its model's turn (the "
+        "switch starts once the oldest has waited this less the measured switch time), however "
+        "busy the awake model. Keep it under `queue.max_wait_s`, or the queue answers 429 "
+        "first.",
+    )
+    max_switch_share: float = Field(
+        0.1,
+        gt=0,
+        le=1,
+        description="`weighed`: a switch must buy back 1/this times the waiting it costs the "
+        "awake model's requests (each loses a round trip): with 0.1, a busy model spends about "
+        "a tenth of its time at most on switches for a trickle of requests for another.",
+    )
     min_awake_s: float = Field(
         10.0,
         ge=0,
         description="A woken worker with requests stays awake at least this long before another "
-        "of its swap group may take the GPU (no thrash); an idle one gives way at once.",
+        "of its swap group may take the GPU (a model mid-job is not swapped out), unless a "
+        "request would wait past `max_wait_s`; an idle one gives way at once.",
     )
     priority_weight_s: float = Field(
         10.0,
@@ -422,6 +452,12 @@ class WorkerConfig(_Strict):
     def _one_source(self) -> WorkerConfig:
         if sum(x is not None for x in (self.url, self.launch, self.discover)) != 1:
             raise ValueError("give exactly one of `url`, `launch` or `discover`")
+        if self.discover is not None and (self.swap_group is not None or self.sleep is not None):
+            raise ValueError(
+                "a `discover:` entry cannot use sleep mode (`swap_group`, `sleep`): its workers "
+                "come and go at run time, outside the group's turns, so the group could wake a "
+                "member beside one of them; list the group's workers with `url:`"
+            )
         return self
 
 

@@ -24,6 +24,7 @@ from gpupool.gateway.routing.policy import Router
 from gpupool.gateway.security.limits import KeyLimits
 from gpupool.gateway.security.middleware import Authenticator
 from gpupool.gateway.security.revoke import KeyRequests
+from gpupool.gateway.swap_lease import SwapLeases
 from gpupool.gateway.swapping import build_swap, record_asleep
 from gpupool.gateway.tenancy.secret import build_scope
 from gpupool.gateway.upstream.client import UpstreamClient
@@ -109,6 +110,7 @@ class Services:
     # parts above the services that take a reloaded config's settings (the front door's)
     reload_hooks: list[Callable[[GpupoolConfig], None]] = field(default_factory=list, kw_only=True)
     swap: SwapController | None = field(default=None, kw_only=True)  # swapping.py
+    swap_leases: SwapLeases | None = field(default=None, kw_only=True)  # one controller a group
     replica_id: str = field(default_factory=new_replica_id)
     restarts_seen: dict[str, int] = field(default_factory=dict)
     config_path: str | Path | None = None
@@ -119,6 +121,8 @@ class Services:
     )
 
     async def start(self) -> None:
+        if self.swap_leases is not None:  # before anything starts: another replica may hold
+            await self.swap_leases.claim()  # a group (``SwapControllerTaken``: serve refuses)
         self.write_sd_file()
         await self.admission.start()
         # the salts' generated key, as the other replicas (or the last run) have it
@@ -127,6 +131,8 @@ class Services:
         self.pipeline.cache = await build_scope(cfg.tenancy, cfg.auth, keys, secret)
         if self.swap is not None:
             await self.swap.start()  # its groups read url: workers before the poller marks them
+            if self.swap_leases is not None:
+                self.swap_leases.start(self.swap.stop_group)
         await self.poller.start()
         await self.supervisor.start()
         if self.discovery is not None:
@@ -215,6 +221,8 @@ class Services:
             await self.discovery.close()
         if self.swap is not None:
             await self.swap.close()
+        if self.swap_leases is not None:
+            await self.swap_leases.close()
         await self.supervisor.stop()
         if self.kv is not None:
             self.kv.close()
@@ -301,6 +309,7 @@ def build_services(
     services.kv = kv
     services.swap = build_swap(cfg, registry, client, metrics, supervisor, poller,
                                pipeline.slots)  # fmt: skip
+    services.swap_leases = SwapLeases.build(cfg, replica) if services.swap else None
     registry.on_change(services.on_worker_change)
     found = [wc for wc in cfg.workers if wc.discover is not None]
     services.discovery = Discovery(registry, found, discovery_hooks(services)) if found else None

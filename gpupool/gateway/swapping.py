@@ -58,6 +58,7 @@ def build_swap(
     supervisor.use_launch_gates(swap.gate)
     poller.may_ready = swap.may_ready
     slots.demand = swap.demand
+    slots.swap = swap
     client.hold_by(held_since(registry))
     return swap
 

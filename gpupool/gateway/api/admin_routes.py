@@ -140,8 +140,9 @@ async def list_workers(request: Request) -> ASGIApp:
     workers = list(svc.registry)
     page = workers[offset : offset + limit]
     data = [worker_status(w, svc.swap, svc.kv) for w in page]
+    groups = svc.swap.groups_view() if svc.swap is not None else []  # holder, waiting, switches
     body = {"object": "list", "data": data, "total": len(workers), "offset": offset,
-            "has_more": offset + len(page) < len(workers)}  # fmt: skip
+            "has_more": offset + len(page) < len(workers), "groups": groups}  # fmt: skip
     return ReplyResponse(Reply.json(200, body))
 
 
@@ -202,7 +203,7 @@ async def sleep(request: Request) -> ASGIApp:
     if why:
         raise InvalidBody(f"Level 2 is refused: {why}.", param="level")
     await swap.sleep(w.name, level)
-    return ReplyResponse(Reply.json(200, worker_status(w, svc.swap)))
+    return ReplyResponse(Reply.json(200, _with_reversal(worker_status(w, swap), swap, w)))
 
 
 async def wake(request: Request) -> ASGIApp:
@@ -211,8 +212,14 @@ async def wake(request: Request) -> ASGIApp:
     sleep, then this one is woken)."""
     _query(request, {})
     w, svc = _worker(request), services(request)
-    await _swap(svc, w).wake(w.name)
-    return ReplyResponse(Reply.json(200, worker_status(w, svc.swap)))
+    swap = _swap(svc, w)
+    await swap.wake(w.name)
+    return ReplyResponse(Reply.json(200, _with_reversal(worker_status(w, swap), swap, w)))
+
+
+def _with_reversal(status: dict[str, Any], swap: SwapController, w: Worker) -> dict[str, Any]:
+    """``policy_note``: what the group's policy will undo of this admin action, and why."""
+    return {**status, "policy_note": swap.reversal(w.name)}
 
 
 def sleep_level(name: str, text: str) -> int:

@@ -34,7 +34,7 @@ def build_context(incoming: Incoming, req: Parsed) -> Context:
     priority, max_wait, events = (
         (_priority_header(ours), _max_wait(ours), _flag(ours, QUEUE_EVENTS))
         if ours
-        else (None, None, False)
+        else (None, None, None)
     )
     if priority is None:
         priority = req.priority or 0
@@ -76,10 +76,11 @@ def _max_wait(ours: dict[bytes, str]) -> float | None:
     return number
 
 
-def _flag(ours: dict[bytes, str], name: bytes) -> bool:
+def _flag(ours: dict[bytes, str], name: bytes) -> bool | None:
+    """True or false as the header says; None when it is not sent."""
     value = ours.get(name)
     if value is None:
-        return False
+        return None
     v = value.strip().lower()
     if v in _TRUE:
         return True

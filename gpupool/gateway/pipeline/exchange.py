@@ -54,7 +54,9 @@ class Context:
     priority: int = 0
     max_wait_s: float | None = None
     headers: bytes = b""  # the header lines a worker sees (``name: value\r\n`` each)
-    queue_events: bool = False  # a queued stream wants its `: queued` comments (opt-in)
+    # a queued stream wants its `: queued` comments (opt-in; None: not said, which a stream
+    # waiting for a swap group's switch takes as yes)
+    queue_events: bool | None = None
 
 
 @dataclass(slots=True)

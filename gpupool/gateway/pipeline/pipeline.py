@@ -129,7 +129,8 @@ class Pipeline:
         else:
             hold = await self.key_limits.admit(principal, self._reserve(plan, req))
         await self._place_again(plan, hold)
-        if plan.stream and ctx.queue_events:
+        note = self.slots.swap_note(plan.ticket.model)  # its model asleep: a switch to wait for
+        if plan.stream and (ctx.queue_events or (ctx.queue_events is None and note)):
             queued = QueuedStream(plan, hold, self.slots, self.deps, self.relay,
                                   principal, self.key_requests)  # fmt: skip
             return Reply(200, [("content-type", SSE)], stream=queued.events(), after=queued.aclose)

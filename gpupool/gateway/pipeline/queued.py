@@ -5,6 +5,12 @@ By default a stream waits for its slot before any byte goes back, so a queue tim
 gets ``: queued position=N`` SSE comments while it waits instead (useful behind proxies that
 close silent connections); a timeout then arrives as an in-stream error event, since the 200
 is already sent.
+
+A stream for a swap group's model that sleeps gets them without asking (unless it sends the
+header false): its comments name the model being woken and its place, ``: queued position=2;
+waking model `coder` (swap group gpu0, held by `chat`); a switch takes 1.2 s (measured)``, again
+every ``KEEPALIVE_S`` while it waits, so that clients and proxies that close a silent connection
+wait through the switch.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from gpupool.gateway.pipeline.slots import Slots
 from gpupool.gateway.security.keys import Principal
 from gpupool.gateway.security.limits import Hold
 from gpupool.gateway.security.revoke import KeyRequests
+
+KEEPALIVE_S = 5.0
 
 
 class QueuedStream:
@@ -44,8 +52,14 @@ class QueuedStream:
     async def _on_wait(self, position: int) -> None:
         self.positions.put_nowait(position)
 
+    def _comment(self, position: int | None) -> bytes:
+        note = self.slots.swap_note(self.plan.ticket.model)
+        text = "queued" if position is None else f"queued position={position}"
+        return f": {text}; {note}\n\n".encode() if note else f": {text}\n\n".encode()
+
     async def events(self) -> AsyncIterator[bytes]:
-        yield b": queued\n\n"
+        yield self._comment(None)
+        position: int | None = None
         take = self.slots.take(self.plan.ticket, self._on_wait)
         self.task = task = asyncio.ensure_future(
             take if self.keys is None else self.keys.wait(self.principal, take)
@@ -53,12 +67,16 @@ class QueuedStream:
         while not task.done():
             getter: asyncio.Future[int] = asyncio.ensure_future(self.positions.get())
             waiting: set[asyncio.Future[Any]] = {task, getter}
+            keepalive = KEEPALIVE_S if self.slots.swap_note(self.plan.ticket.model) else None
             try:
-                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(waiting, timeout=keepalive, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 getter.cancel()
             if getter.done() and not getter.cancelled():
-                yield f": queued position={getter.result()}\n\n".encode()
+                position = getter.result()
+                yield self._comment(position)
+            elif not task.done():  # a keep-alive while it waits for a switch
+                yield self._comment(position)
         try:
             lease = task.result()
         except GatewayError as e:

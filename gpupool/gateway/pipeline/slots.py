@@ -11,14 +11,24 @@ instant), so a cancellation during ``take`` leaves nothing behind.
 from __future__ import annotations
 
 import asyncio
+import math
 from contextlib import nullcontext
 from dataclasses import replace
+from typing import Protocol
 
 from gpupool.gateway.admission.base import Admission, Lease, Ticket, WaitCallback
 from gpupool.gateway.errors import RateLimited, UpstreamUnavailable
 from gpupool.gateway.metrics import Metrics
 from gpupool.workers.registry import SLEEP_STATES, Registry
 from gpupool.workers.swap.demand import Demand
+
+
+class SwapView(Protocol):
+    """What the swap groups tell admission of a sleeping model (``SwapController``)."""
+
+    def waiting_note(self, model: str) -> str | None: ...
+    def expected_wait(self, model: str) -> float | None: ...
+
 
 _GIVEN = "given"
 _PRIORITY = "priority"  # the ticket's, recorded with ``demand.started`` (swap groups)
@@ -30,8 +40,14 @@ class Slots:
         self.admission = admission
         self.registry = registry
         self.metrics = metrics
-        # Swap groups read which models have requests waiting (workers/swap/demand.py).
+        # Swap groups read which models have requests waiting (workers/swap/demand.py), and
+        # say of a model asleep what its requests wait for and how long (``SwapController``).
         self.demand: Demand | None = None
+        self.swap: SwapView | None = None
+
+    def swap_note(self, model: str) -> str | None:
+        """What a request for ``model`` waits for while it sleeps (None: it does not)."""
+        return self.swap.waiting_note(model) if self.swap is not None else None
 
     def take_now(self, ticket: Ticket) -> Lease | None:
         """A slot at once where admission can grant one without I/O or waiting; None: ``take``."""
@@ -61,6 +77,10 @@ class Slots:
                     ticket = replace(ticket, max_wait_s=max(0.0, deadline - loop.time()))
         except RateLimited as e:
             self.metrics.admission.labels(ticket.model, "rejected", type(e).__name__).inc()
+            wait = self.swap.expected_wait(ticket.model) if self.swap is not None else None
+            if wait is not None:  # its model sleeps: retry once a switch may have woken it
+                e.retry_after_s = wait
+                e.headers["retry-after"] = str(max(1, math.ceil(wait)))
             raise
         # No await between the grant and this point: the caller owns the lease from here.
         self._started(ticket, lease)

@@ -145,11 +145,22 @@ function render(snap) {
 function renderGpus(snap) {
   $("gpus-note").textContent = snap.gpus_known ? "" :
     "NVML is not available here: GPU memory is unknown; GPUs listed are those the workers are launched on.";
+  const groups = snap.swap_groups || [];
   rows("gpus", snap.gpus, (g) => [
     "GPU " + g.index + (g.name ? " · " + g.name : ""),
     g.memory_total_bytes == null ? "unknown" : gib(g.memory_used_bytes) + " / " + gib(g.memory_total_bytes),
-    g.workers.join(", ") || "—",
+    (g.workers.join(", ") || "—") + groups.filter((sg) => sg.members.some((m) => g.workers.includes(m)))
+      .map((sg) => " · " + turnText(sg, snap.at)).join(""),
   ], "no GPUs known (workers on CPU, or url: workers on other hosts)");
+}
+
+// a swap group's turn: who holds the GPU, how many switches, the last one
+function turnText(sg, atMs) {
+  const holder = sg.holder ? "held by " + sg.holder : "free";
+  const n = sg.switches + (sg.switches === 1 ? " switch" : " switches");
+  const last = sg.last_switch_at == null ? "" :
+    ", last " + secs(Math.max(0, atMs / 1000 - sg.last_switch_at)) + " ago (" + sg.last_switch_s.toFixed(1) + " s)";
+  return "swap group " + sg.name + ": " + holder + ", " + n + last;
 }
 
 function rows(id, items, cells, empty) {
@@ -240,7 +251,8 @@ function fillCard(c, w) {
   const facts = [
     ["Window", w.window == null ? "unknown" : count(w.window) + " tokens"],
     ["In flight", count(w.inflight) + " of " + reqs(w.capacity)],
-    ["vLLM running / waiting", count(w.running) + " / " + reqs(w.waiting)],
+    ["vLLM running / waiting", ["asleep", "waking"].includes(w.state) ? "— (asleep)" :
+      count(w.running) + " / " + reqs(w.waiting)],
     ["KV cache", [kv, " " + pct(w.kv_cache)]],
     ["Restarts", count(w.restarts)],
     ["GPUs", w.gpus && w.gpus.length ? w.gpus.join(", ") : "—"],
@@ -302,7 +314,8 @@ async function act(path, what, button) {
     if (resp.ok) {
       const body = await resp.json();
       const state = body.state ? " (now " + leadsTo(body) + ")" : "";
-      show(what + ": done" + state + " at " + time(Date.now()) + ".", true);
+      const undone = body.policy_note ? " It will not last: " + body.policy_note + "." : "";
+      show(what + ": done" + state + " at " + time(Date.now()) + "." + undone, true);
     } else {
       show(what + ": refused (" + resp.status + "): " + (await message(resp)), false);
       if (resp.status === 401 || resp.status === 403) showLogin("The gateway refused the key.");

@@ -196,6 +196,7 @@ class PoolFeed:
             "workers": [self.worker_row(w) for w in shown],
             "workers_total": len(workers),
             "workers_hidden": hidden,  # {state: count} of those past MAX_WORKER_ROWS
+            "swap_groups": svc.swap.groups_view() if svc.swap is not None else [],
             "queues": self.queue_rows(queue, svc.cfg.models),
             "errors": list(self.errors.entries)[::-1],
             "changes": list(self.changes)[::-1],

@@ -66,6 +66,11 @@ def swap_notes(cfg: GpupoolConfig) -> list[str]:
         )
         why = formed[name].explain() if name in formed else f"swap group `{name}` (named)"
         notes.append(f"{why}; sleep: {levels}; awake after start: {members[0].name}")
+    if notes and cfg.queue.backend.value == "redis":
+        notes.append(
+            "queue.backend redis: one gateway replica controls each swap group (a claim in "
+            "Redis); a second replica of this configuration on the same Redis refuses to serve"
+        )
     return notes
 
 

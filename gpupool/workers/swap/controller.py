@@ -50,7 +50,8 @@ class SwapController:
     ) -> None:
         self.registry = registry
         self.demand = Demand()
-        turns = Turns(cfg.min_awake_s, cfg.priority_weight_s)
+        turns = Turns(cfg.min_awake_s, cfg.priority_weight_s, cfg.policy.value, cfg.max_wait_s,
+                      cfg.max_switch_share)  # fmt: skip
         verifier = Verifier(session, cfg.canary, probe_timeout_s)
         seams = GroupSeams(registry, session, self.demand, events, restart, turns,
                            cfg.sleep_timeout_s, cfg.wake_timeout_s, probe_timeout_s,
@@ -68,7 +69,7 @@ class SwapController:
             member.verify = Verification(_watch(wc, memory(wc), cfg))
             members.setdefault(group, []).append(member)
         self.groups = {name: SwapGroup(name, ms, seams) for name, ms in members.items()}
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[str, asyncio.Task[None]] = {}
 
     def _find(self, name: str) -> tuple[SwapGroup, Member]:
         for group in self.groups.values():
@@ -96,6 +97,44 @@ class SwapController:
             return True
         return False
 
+    def groups_view(self) -> list[dict[str, object]]:
+        """Every group: holder, waiting per model, switches (``SwapGroup.view``)."""
+        return [g.view() for g in self.groups.values()]
+
+    def _asleep(self, model: str) -> SwapGroup | None:
+        """The group that holds ``model`` while no member serves it (None: served, or none)."""
+        found = None
+        for group in self.groups.values():
+            models = {m.worker.model for m in group.members}
+            if model not in models:
+                continue
+            if group.awake_model() == model:
+                return None
+            found = found or group
+        ready = any(w.model == model and w.state is WorkerState.ready for w in self.registry)
+        return None if ready else found
+
+    def waiting_note(self, model: str) -> str | None:
+        """The keep-alive of a stream waiting for ``model`` to be woken (None: not asleep)."""
+        group = self._asleep(model)
+        if group is None:
+            return None
+        how = "measured" if group.last_switch_s is not None else "estimated"
+        held = group.awake_model()
+        by = f", held by `{held}`" if held else ""
+        return (f"waking model `{model}` (swap group {group.name}{by}); a switch takes "
+                f"{group.switch_s:.1f} s ({how})")  # fmt: skip
+
+    def expected_wait(self, model: str) -> float | None:
+        """Seconds until ``model``, asleep, may serve (an estimate); None when it is awake."""
+        group = self._asleep(model)
+        return None if group is None else group.expected_wait(model)
+
+    def reversal(self, name: str) -> str | None:
+        """What the policy will undo of an admin's sleep or wake of ``name`` (None: nothing)."""
+        group, member = self._find(name)
+        return group.reversal(member)
+
     def member_view(self, name: str) -> dict[str, object] | None:
         """A member's checks (``verify.py``) for the admin API; None outside any group."""
         try:
@@ -108,18 +147,23 @@ class SwapController:
 
     async def start(self) -> None:
         """Run every group (start-up in turn, then the loop); returns at once."""
-        self._tasks = [
-            asyncio.create_task(g.run(), name=f"gpupool-swap-{g.name}")
+        self._tasks = {
+            g.name: asyncio.create_task(g.run(), name=f"gpupool-swap-{g.name}")
             for g in self.groups.values()
-        ]
+        }
+
+    async def stop_group(self, name: str) -> None:
+        """Stop running one group's turns (another gateway controls it now): its members stay
+        as they are, and no switch of this gateway touches them again."""
+        task = self._tasks.pop(name, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def close(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
-        self._tasks = []
+        for name in list(self._tasks):
+            await self.stop_group(name)
 
     # -- admin ----------------------------------------------------------------------------------
 

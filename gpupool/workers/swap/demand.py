@@ -22,6 +22,7 @@ class ModelDemand:
     count: int
     oldest_s: float  # how long the oldest waiting request has waited
     best_priority: int  # the most urgent waiting request's priority (lower first, as vLLM's)
+    total_age_s: float = 0.0  # every waiting request's age, summed (request-seconds)
 
 
 class Demand:
@@ -50,7 +51,8 @@ class Demand:
         now = time.monotonic() if now is None else now
         oldest = min(since for since, _ in entries.values())
         best = min(priority for _, priority in entries.values())
-        return ModelDemand(len(entries), now - oldest, best)
+        total = sum(now - since for since, _ in entries.values())
+        return ModelDemand(len(entries), now - oldest, best, total)
 
     def started(self, worker: str, priority: int) -> None:
         """A request of ``priority`` took a slot on ``worker``."""

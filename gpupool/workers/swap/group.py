@@ -77,6 +77,8 @@ from gpupool.workers.swap.verify import Verification, Verifier
 log = logging.getLogger("gpupool.swap")
 
 _POLL_S = 0.05
+SWITCH_GUESS_S = 2.0  # the switch time assumed until one is measured (vLLM level 1: ~1.2 s)
+_SMOOTH = 0.3  # the weight of the newest switch in the running estimate
 _UP = (WorkerState.ready, WorkerState.failed)
 
 
@@ -145,6 +147,82 @@ class SwapGroup:
         # other member wakes while one is here; read again at the same pace (``_reread_doubt``)
         self._doubt: set[str] = set()
         self._doubt_read_at = 0.0
+        # the switches: how many, the last one's end (wall clock) and seconds, and the
+        # policy's estimate of one (``switch_s``: a guess until the first is measured)
+        self.switches = 0
+        self.last_switch_at: float | None = None
+        self.last_switch_s: float | None = None
+        self.switch_s = SWITCH_GUESS_S
+
+    # -- what it shows -------------------------------------------------------------------------
+
+    def awake_model(self) -> str | None:
+        """The model of the member that serves now (ready), if any."""
+        h = self.holder
+        return h.worker.model if h is not None and h.worker.state is WorkerState.ready else None
+
+    def expected_wait(self, model: str) -> float:
+        """Seconds until a request for ``model`` (asleep) may be served: the switch's, plus,
+        under ``weighed``, what the bound may still keep it waiting (an estimate)."""
+        turns, now = self.seams.turns, time.monotonic()
+        wait = self.switch_s
+        h = self.holder
+        if h is None or h.worker.model == model:
+            return wait  # the GPU is free, or the switch to it is under way
+        if h.worker.inflight or self.seams.demand.count(h.worker.model):
+            d = self.seams.demand.of(model, now)
+            waited = d.oldest_s if d is not None else 0.0
+            if turns.policy == "weighed":
+                wait = max(wait, turns.max_wait_s - waited)
+            else:
+                wait += max(0.0, turns.min_awake_s - (now - self._awake_since))
+        return wait
+
+    def view(self) -> dict[str, object]:
+        """For ``/admin/workers``' ``groups`` and ``gpupool status``."""
+        h = self.holder
+        models = sorted({m.worker.model for m in self.members})
+        return {
+            "name": self.name,
+            "holder": h.worker.name if h is not None else None,
+            "holder_state": h.worker.state.value if h is not None else None,
+            "members": [m.worker.name for m in self.members],
+            "waiting": {model: self.seams.demand.count(model) for model in models},
+            "switches": self.switches,
+            "last_switch_at": self.last_switch_at,
+            "last_switch_s": None if self.last_switch_s is None else round(self.last_switch_s, 2),
+            "switch_estimate_s": round(self.switch_s, 2),
+            "switch_measured": self.last_switch_s is not None,
+            "policy": self.seams.turns.policy,
+        }
+
+    def _holder_view(self, now: float) -> Holder | None:
+        h = self.holder
+        if h is None:
+            return None
+        w = h.worker
+        idle = 0.0 if w.inflight else now - max(self._last_active, self._awake_since)
+        return Holder(w.model, now - self._awake_since, w.inflight > 0, w.inflight, idle)
+
+    def reversal(self, m: Member) -> str | None:
+        """After an admin's sleep or wake of ``m``: what the policy will undo, and why (None:
+        it stands). Said in the admin call's result, so that an undone action is no mystery."""
+        now = time.monotonic()
+        demand = self._demand(now)
+        if m.worker.state is WorkerState.asleep:
+            d = demand.get(m.worker.model)
+            if d is None or not d.count:
+                return None
+            return (f"{d.count} request(s) wait for `{m.worker.model}`: the swap policy "
+                    f"({self.seams.turns.policy}) wakes it again")  # fmt: skip
+        if self.holder is not m:
+            return None
+        model = next_model(self._holder_view(now), demand, self.seams.turns, self.switch_s)
+        if model is None:
+            return None
+        waiting = demand[model].count
+        return (f"{waiting} request(s) wait for `{model}`: the swap policy "
+                f"({self.seams.turns.policy}) gives the GPU back to it next")  # fmt: skip
 
     def member(self, name: str) -> Member | None:
         return next((m for m in self.members if m.worker.name == name), None)
@@ -263,10 +341,7 @@ class SwapGroup:
         if h is not None and (h.worker.inflight or h.worker.requests_total != self._seen_total):
             self._last_active, self._seen_total = now, h.worker.requests_total
         demand = self._demand(now)
-        view = None
-        if h is not None:
-            view = Holder(h.worker.model, now - self._awake_since, h.worker.inflight > 0)
-        model = next_model(view, demand, self.seams.turns)
+        model = next_model(self._holder_view(now), demand, self.seams.turns, self.switch_s)
         target = self._target(model) if model is not None else None
         if target is not None:
             await self.switch_to(target)
@@ -329,8 +404,9 @@ class SwapGroup:
             w = m.worker
             if w.paused_since is None or not w.inflight or w.state is WorkerState.ready:
                 continue
-            kept = ModelDemand(w.paused, now - w.paused_since,
-                               self.seams.demand.best_running(w.name))  # fmt: skip
+            age = now - w.paused_since
+            kept = ModelDemand(w.paused, age, self.seams.demand.best_running(w.name),
+                               w.paused * age)  # fmt: skip
             out[w.model] = _merged(out.get(w.model), kept)
         return out
 
@@ -368,11 +444,18 @@ class SwapGroup:
         if not await self._wake(target, held=old is target):
             return False
         self._awake_since = self._last_active = time.monotonic()
+        self._measured(self._awake_since - t0)
         waited = self.seams.demand.count(target.worker.model)
         log.info("swap group %s: %s awake after %.2f s (%d waiting)", self.name,
                  target.worker.name, self._awake_since - t0, waited)  # fmt: skip
         self.seams.events.switched(self.name, target.worker.model, self._awake_since - t0, waited)
         return True
+
+    def _measured(self, seconds: float) -> None:
+        first = self.last_switch_s is None
+        self.switches += 1
+        self.last_switch_at, self.last_switch_s = time.time(), seconds
+        self.switch_s = seconds if first else (1 - _SMOOTH) * self.switch_s + _SMOOTH * seconds
 
     async def put_to_sleep(self, m: Member) -> bool:
         """Admin: put ``m`` to sleep if it holds the GPU (caller holds the lock)."""
@@ -623,4 +706,5 @@ def _merged(a: ModelDemand | None, b: ModelDemand) -> ModelDemand:
     if a is None:
         return b
     priority = min(a.best_priority, b.best_priority)
-    return ModelDemand(a.count + b.count, max(a.oldest_s, b.oldest_s), priority)
+    total = a.total_age_s + b.total_age_s
+    return ModelDemand(a.count + b.count, max(a.oldest_s, b.oldest_s), priority, total)

@@ -100,7 +100,14 @@ def test_mixed_load_switches_without_a_failure(
     _clean(tmp_path)
 
 
-def test_a_stream_in_flight_finishes_before_its_worker_sleeps(stack: Proc, tmp_path: Path) -> None:
+def test_a_stream_in_flight_finishes_before_its_worker_sleeps(tmp_path: Path) -> None:
+    # `turns` switches while coder-w streams (`weighed` would wait for the stream's end first)
+    with serving(two_model_config(tmp_path, swap={"policy": "turns"}), tmp_path) as stack:
+        wait_states(stack, {"coder-w": "ready", "chat-w": "asleep"})
+        _stream_finishes_first(stack, tmp_path)
+
+
+def _stream_finishes_first(stack: Proc, tmp_path: Path) -> None:
     client = sdk(stack)
     stream = client.completions.create(model="coder", prompt="hi", max_tokens=120, stream=True)
     chunks = iter(stream)

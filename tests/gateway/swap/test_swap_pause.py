@@ -46,7 +46,9 @@ def _config(tmp: Path, backend: str, redis: RedisServer, pause: float | None) ->
         queue |= {"redis_url": redis.url, "redis_prefix": f"pause-{tmp.name}"}
     # a short idle deadline: a paused stream outlives it (held while paused, not cut); 2 s,
     # forty times the gap between tokens, so a loaded machine's stall cannot cut a stream
-    cfg = two_model_config(tmp, queue=queue, swap={"pause_after_s": pause},
+    # the `turns` policy switches for one waiting request once `min_awake_s` passed (`weighed`
+    # would wait for the running request to end: nothing would be paused)
+    cfg = two_model_config(tmp, queue=queue, swap={"pause_after_s": pause, "policy": "turns"},
                            server={"upstream_read_timeout_s": 2.0})  # fmt: skip
     ledger = tmp / "gpu0-ledger.json"
     # coder: 200 tokens at 50 ms (10 s a request); chat wakes slowly (4 s: the pause outlasts

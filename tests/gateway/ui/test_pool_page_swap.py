@@ -37,6 +37,7 @@ def test_wake_sleep_and_restart_from_the_page(swap_page: tuple[Proc, Any]) -> No
     assert "☾ asleep" in _text(driver, '[data-worker="chat-w"] .state-label')
     gpus = _text(driver, "#gpus")
     assert "GPU 0" in gpus and "unknown" in gpus and "coder-w, chat-w" in gpus
+    assert "swap group gpu0: held by coder-w, 0 switches" in gpus
     assert "swap group gpu0" in _text(driver, '[data-worker="chat-w"] .model')
 
     _press(driver, "chat-w", "wake")
@@ -44,6 +45,8 @@ def test_wake_sleep_and_restart_from_the_page(swap_page: tuple[Proc, Any]) -> No
          message="the page never showed chat-w awake and coder-w asleep")  # fmt: skip
     assert "chat-w (chat): ☀ waking → ✓ ready" in _changes(driver)
     assert "Wake chat-w: done" in _text(driver, "#result")
+    wait(driver, lambda d: "held by chat-w, 1 switch, last" in _text(d, "#gpus"),
+         message="the GPU row never named the new holder and its switch")  # fmt: skip
 
     _press(driver, "chat-w", "sleep")
     wait(driver, lambda d: _state(d, "chat-w") == "asleep", message="chat-w never asleep again")

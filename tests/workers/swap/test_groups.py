@@ -123,3 +123,22 @@ def test_check_warns_of_a_group_member_without_a_gpu() -> None:
     a = {"name": "a", "model": "x", "swap_group": "g", "launch": {"model_path": "/m"}}
     (finding,) = check_swap(cfg(a), {}, None)
     assert finding.path == "workers[0].launch.gpus" and "not supported" in finding.message
+
+
+def test_a_discovered_worker_cannot_join_a_swap_group() -> None:
+    """Its workers come and go outside the group's turns: the group could wake a member beside
+    them (issue 37: 25 out-of-memory wakes). `check` and `serve` refuse, saying what to do."""
+    for extra in ({"swap_group": "g"}, {"sleep": {"level": 1}}):
+        w = {"name": "a", "model": "x", "discover": {"dns": "vllm.local", "port": 8000}, **extra}
+        with pytest.raises(ConfigError) as e:
+            cfg(w)
+        assert "workers[0]" in str(e.value) and "`discover:` entry cannot" in str(e.value)
+        assert "url:" in str(e.value)
+
+
+def test_check_says_one_replica_controls_a_group_on_redis() -> None:
+    a = {**launched("a", "x", [0], 0.8), "swap_group": "g"}
+    c = cfg(a, launched("b", "y", [0], 0.8))
+    assert not any("replica" in n for n in swap_notes(c))
+    c.queue.backend = type(c.queue.backend)("redis")
+    assert any("second replica" in n for n in swap_notes(c))

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gpupool.workers.swap.demand import Demand, ModelDemand
 from gpupool.workers.swap.policy import Holder, Turns, next_model
 
-TURNS = Turns(min_awake_s=10.0, priority_weight_s=10.0)
+TURNS = Turns(min_awake_s=10.0, priority_weight_s=10.0, policy="turns")
+WEIGHED = Turns(min_awake_s=10.0, priority_weight_s=10.0, policy="weighed", max_wait_s=30.0,
+                max_switch_share=0.1)  # fmt: skip
 
 
-def d(count: int, oldest_s: float, priority: int = 0) -> ModelDemand:
-    return ModelDemand(count, oldest_s, priority)
+def d(count: int, oldest_s: float, priority: int = 0, total: float | None = None) -> ModelDemand:
+    return ModelDemand(count, oldest_s, priority, oldest_s * count if total is None else total)
 
 
 def test_a_free_gpu_goes_to_the_longest_waiting_model() -> None:
@@ -53,3 +57,67 @@ def test_demand_counts_waiting_requests_until_they_leave() -> None:
         assert seen is not None and seen.count == 2 and seen.best_priority == -2
         assert demand.count("a") == 2
     assert demand.of("a") is None and demand.count("a") == 0
+
+
+# -- weighed: the switch is weighed against what it costs the awake model -------------------
+
+
+def test_weighed_an_idle_holder_or_a_free_gpu_gives_way() -> None:
+    assert next_model(None, {"b": d(1, 0.0)}, WEIGHED, 1.2) == "b"
+    assert next_model(Holder("a", 0.1, busy=False), {"b": d(1, 0.0)}, WEIGHED, 1.2) == "b"
+    idle = Holder("a", 30.0, busy=False, idle_s=2.0)
+    assert next_model(idle, {"b": d(1, 0.0)}, WEIGHED, 1.2) == "b"
+
+
+def test_weighed_anticipates_an_agents_next_call_for_one_switch_time() -> None:
+    """An agent's tool call ends sooner than a switch away and back: the holder waits one
+    switch time after its last request, unless what waits elsewhere has waited that long."""
+    just_idle = Holder("a", 30.0, busy=False, idle_s=0.4)
+    assert next_model(just_idle, {"b": d(1, 0.3)}, WEIGHED, 1.2) is None
+    assert next_model(just_idle, {"b": d(1, 1.3)}, WEIGHED, 1.2) == "b"
+    assert next_model(Holder("a", 30.0, busy=False, idle_s=1.3), {"b": d(1, 0.3)},
+                      WEIGHED, 1.2) == "b"  # fmt: skip
+    # queued work for the holder counts as busy: it keeps the GPU
+    assert next_model(Holder("a", 0.1, busy=False), {"a": d(1, 0.1), "b": d(1, 5.0)},
+                      WEIGHED, 1.2) is None  # fmt: skip
+
+
+def test_weighed_a_trickle_waits_for_its_batch_while_the_holder_is_busy() -> None:
+    busy = Holder("a", 60.0, busy=True, running=8)  # 8 clients: a switch costs each 2.4 s
+    # cost = 8 x 2 x 1.2 / 0.1 = 192 request-seconds of waiting to buy back
+    assert next_model(busy, {"b": d(1, 9.0)}, WEIGHED, 1.2) is None  # one request, 9 s
+    assert next_model(busy, {"b": d(6, 18.0, total=63.0)}, WEIGHED, 1.2) is None
+    assert next_model(busy, {"b": d(12, 20.0, total=200.0)}, WEIGHED, 1.2) == "b"
+    # a lightly used holder gives way sooner: one running request costs 24 request-seconds
+    light = Holder("a", 60.0, busy=True, running=1)
+    assert next_model(light, {"b": d(3, 9.0, total=25.0)}, WEIGHED, 1.2) == "b"
+
+
+def test_weighed_no_request_waits_past_max_wait_however_busy_or_new_the_holder() -> None:
+    busy = Holder("a", 2.0, busy=True, running=64)  # just woken, very busy
+    assert next_model(busy, {"b": d(1, 27.0)}, WEIGHED, 1.2) is None
+    assert next_model(busy, {"b": d(1, 27.6)}, WEIGHED, 1.2) == "b"  # 27.6 + 2 x 1.2 = 30
+    assert next_model(busy, {"b": d(1, 10.0)}, WEIGHED, 10.0) == "b"  # a slow switch: sooner
+
+
+def test_weighed_a_model_mid_job_keeps_the_gpu_for_min_awake() -> None:
+    young = Holder("a", 5.0, busy=True, running=1)
+    assert next_model(young, {"b": d(40, 25.0, total=900.0)}, WEIGHED, 1.2) is None
+    older = Holder("a", 10.0, busy=True, running=1)
+    assert next_model(older, {"b": d(40, 25.0, total=900.0)}, WEIGHED, 1.2) == "b"
+
+
+def test_weighed_priority_counts_as_waiting() -> None:
+    busy = Holder("a", 60.0, busy=True, running=1)  # cost 24 request-seconds
+    assert next_model(busy, {"b": d(1, 5.0)}, WEIGHED, 1.2) is None
+    assert next_model(busy, {"b": d(1, 5.0, priority=-2)}, WEIGHED, 1.2) == "b"  # 5 + 20
+
+
+def test_an_unknown_policy_name_fails_at_config_load() -> None:
+    from gpupool.config import ConfigError, parse_config
+
+    base = {"models": [{"name": "m"}], "workers": [{"name": "w", "model": "m", "url": "http://x"}]}
+    assert parse_config(base).swap.policy.value == "weighed"
+    with pytest.raises(ConfigError) as e:
+        parse_config({**base, "swap": {"policy": "lru"}})
+    assert "swap.policy" in str(e.value)
