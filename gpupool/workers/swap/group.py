@@ -61,7 +61,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import aiohttp
@@ -215,9 +215,11 @@ class SwapGroup:
                 return None
             return (f"{d.count} request(s) wait for `{m.worker.model}`: the swap policy "
                     f"({self.seams.turns.policy}) wakes it again")  # fmt: skip
-        if self.holder is not m:
+        view = self._holder_view(now)
+        if self.holder is not m or view is None:
             return None
-        model = next_model(self._holder_view(now), demand, self.seams.turns, self.switch_s)
+        view = replace(view, idle_s=float("inf"))  # (an anticipation delays it, no more)
+        model = next_model(view, demand, self.seams.turns, self.switch_s)
         if model is None:
             return None
         waiting = demand[model].count
