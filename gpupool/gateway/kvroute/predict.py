@@ -34,7 +34,7 @@ log = logging.getLogger("gpupool.kvroute")
 class KvRouting:
     def __init__(
         self, pool: KvPool, model_dirs: dict[str, str], metrics: Metrics | None = None,
-        threads: int = 2,
+        threads: int = 2, max_pending: int = 64,
     ) -> None:  # fmt: skip
         self.pool = pool
         self.metrics = metrics
@@ -42,6 +42,8 @@ class KvRouting:
         self._renderers: dict[str, PromptRenderer | str] = {}  # or why there is none
         self._loading: dict[str, asyncio.Task[PromptRenderer | str]] = {}
         self._threads = ThreadPoolExecutor(threads, thread_name_prefix="gpupool-kv")
+        self._pending = 0  # prompts queued or being hashed on the threads
+        self.max_pending = max_pending  # past it a request routes approximately (no queue)
         self.routed: dict[tuple[str, str], int] = {}  # (model, mode/reason) → requests
 
     @classmethod
@@ -121,7 +123,11 @@ class KvRouting:
             self._count(route.model, "approximate: no tokenizer")
             return route
         specs = {w.name: s for w in precise if (s := self.spec(w)) is not None}
+        if self._pending >= self.max_pending:  # a burst: route now rather than queue behind it
+            self._count(route.model, "approximate: tokenizer busy")
+            return route
         loop = asyncio.get_running_loop()
+        self._pending += 1
         try:
             ids, by_spec = await loop.run_in_executor(
                 self._threads, _hash, renderer, path, body, salt, set(specs.values())
@@ -129,6 +135,13 @@ class KvRouting:
         except NotModelled as e:
             self._count(route.model, f"approximate: {e}")
             return route
+        except Exception as e:  # a template or tokenizer failing on this body: route as before
+            log.warning("kv routing for %s: prompt not tokenized (%s: %s)", route.model,
+                        type(e).__name__, e)  # fmt: skip
+            self._count(route.model, "approximate: tokenizing failed")
+            return route
+        finally:
+            self._pending -= 1
         cached, hashes = {}, {}
         for w in precise:
             self._bound(w)

@@ -302,7 +302,11 @@ class Relay:
             return
         reshape = plan.transform is not None or plan.strip_usage
         transformer = ChatStreamTransformer(plan.transform) if plan.transform else None
-        strip = UsageStrip(self.max_event_bytes) if plan.strip_usage else None
+        strip = (
+            UsageStrip(self.max_event_bytes, interleaved=plan.sequences > 1)
+            if plan.strip_usage
+            else None
+        )
         buf = EventBuffer()
         line = bytearray()  # the unended line, for its usage
         last, tail = 0.0, b""

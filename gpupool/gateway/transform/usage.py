@@ -11,8 +11,11 @@ differs in two places with and without the option:
 
 so :class:`UsageStrip` drops the usage chunk and puts its fingerprint back on each finishing
 chunk. The fingerprint is only known from the usage chunk, which vLLM sends right after the
-last choice finishes: a finishing chunk, and whatever follows it, is held until then (with
-``n`` > 1 a choice that finishes early holds the others' chunks until the last finishes).
+last choice finishes: a finishing chunk, and whatever follows it, is held until then. With
+several choices (``n`` > 1, or several prompts) only the finishing chunks are held
+(``interleaved``): the other choices' chunks go on as they come, so a choice that finishes
+early does not stall the rest; each choice's own chunks keep their order, and a finishing
+chunk reaches the client when the last choice finishes (docs: Differences from vLLM).
 What is held is bounded by ``max_held`` bytes; past it, the held events go out as they came
 (without the fingerprint) rather than the stream stalling or failing.
 
@@ -36,19 +39,20 @@ class UsageStrip:
     """Feed each event payload of a chat or completions stream (``EventBuffer.events``); get
     back the bytes the client should see now. Call :meth:`end` when the stream ends."""
 
-    __slots__ = ("_held", "_held_bytes", "_max_held")
+    __slots__ = ("_held", "_held_bytes", "_interleaved", "_max_held")
 
-    def __init__(self, max_held: int) -> None:
+    def __init__(self, max_held: int, interleaved: bool = False) -> None:
         self._held: list[tuple[bytes, bool]] = []  # (payload, finishing) since the first finish
         self._held_bytes = 0
         self._max_held = max_held
+        self._interleaved = interleaved  # several choices: hold finishing chunks only
 
     def passes(self, chunk: bytes) -> bool:
         """Whether ``chunk`` (whole events, nothing held before it) goes out as it is: no
         choice finishes and no usage comes in it, so nothing in it is held or dropped. Most
         reads are one token's event: they skip the event split."""
         return (
-            not self._held
+            (not self._held or self._interleaved)
             and chunk.endswith(b"\n\n")
             and _FINISHING not in chunk
             and b'"usage"' not in chunk
@@ -66,7 +70,7 @@ class UsageStrip:
             if usage:
                 return self._release(fingerprint)
         finishing = _FINISHING in payload
-        if finishing or self._held:
+        if finishing or (self._held and not self._interleaved):
             self._held.append((payload, finishing))
             self._held_bytes += len(payload)
             if self._held_bytes > self._max_held:
@@ -80,7 +84,7 @@ class UsageStrip:
         return self._release(None)
 
     def _after_held(self, payload: bytes, framed: bytes) -> bytes:
-        if not self._held:
+        if not self._held or self._interleaved:
             return framed
         self._held.append((payload, False))
         self._held_bytes += len(payload)

@@ -24,10 +24,10 @@ def _frame(*payloads: bytes) -> bytes:
     return b"".join(b"data: " + p + b"\n\n" for p in payloads)
 
 
-def _strip(stream: bytes, read: int = 7) -> bytes:
+def _strip(stream: bytes, read: int = 7, interleaved: bool = False) -> bytes:
     """``stream`` through a strip as the relay feeds it, in reads of ``read`` bytes (events
     split across reads), or one event a read (``read=0``: the fast path's reads)."""
-    strip, buf, out = UsageStrip(1 << 20), EventBuffer(), bytearray()
+    strip, buf, out = UsageStrip(1 << 20, interleaved), EventBuffer(), bytearray()
     if read:
         reads = [stream[i : i + read] for i in range(0, len(stream), read)]
     else:
@@ -62,6 +62,25 @@ def test_every_choice_finishing_gets_the_fingerprint_in_order() -> None:
             + _frame(FINISH_1[:-1] + FP, b"[DONE]")
         )
     )
+
+
+def test_several_choices_stream_on_while_a_finished_choice_waits_for_the_fingerprint() -> None:
+    """n > 1: only finishing chunks wait for the usage chunk; the other choices' chunks go out
+    as they come (a choice finishing early must not stall the rest of the answer)."""
+    strip = UsageStrip(1 << 20, interleaved=True)
+    assert strip.event(ROLE) == _frame(ROLE)
+    assert strip.event(FINISH) == b""
+    assert strip.event(TOKEN_1) == _frame(TOKEN_1)  # not held behind choice 0's finish
+    assert strip.passes(_frame(TOKEN_1))
+    assert strip.event(b": keep-alive") == b": keep-alive\n\n"
+    assert strip.event(FINISH_1) == b""
+    assert strip.event(USAGE) == _frame(FINISH[:-1] + FP, FINISH_1[:-1] + FP)
+    assert strip.event(b"[DONE]") == _frame(b"[DONE]")
+    for read in (7, 0):
+        with_usage = _frame(ROLE, FINISH, TOKEN_1, FINISH_1, USAGE, b"[DONE]")
+        assert _strip(with_usage, read, interleaved=True) == _frame(
+            ROLE, TOKEN_1, FINISH[:-1] + FP, FINISH_1[:-1] + FP, b"[DONE]"
+        )
 
 
 def test_no_fingerprint_on_the_worker_none_added() -> None:
