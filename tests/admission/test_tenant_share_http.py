@@ -25,10 +25,10 @@ def _h(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def _post(url: str, key: str) -> httpx.Response:
+def _post(url: str, key: str, hold_ms: int = 0) -> httpx.Response:
     body = {"model": "m", "prompt": "x", "max_tokens": 1}
-    return httpx.post(url + "/v1/completions", json=body,
-                      headers={"authorization": f"Bearer {key}"}, timeout=60)  # fmt: skip
+    headers = {"authorization": f"Bearer {key}", "x-sim-hold-ms": str(hold_ms)}
+    return httpx.post(url + "/v1/completions", json=body, headers=headers, timeout=60)
 
 
 def _queued(url: str) -> int:
@@ -58,7 +58,9 @@ def test_one_tenant_cannot_fill_the_queue_over_http(tmp_path: Path, backend: str
     }
     gw = gateway(cfg, tmp_path)
     with running(redis, worker, gw), ThreadPoolExecutor(4) as pool:
-        first = pool.submit(_post, gw.url, BATCH)  # takes the slot
+        # takes the slot, and keeps it while two more queue and a third is refused: 4 s, where
+        # 0.8 s (the time to first token alone) ran out on a loaded machine before the refusal
+        first = pool.submit(_post, gw.url, BATCH, 4000)
         waiting = []
         for depth in (1, 2):
             waiting.append(pool.submit(_post, gw.url, BATCH))

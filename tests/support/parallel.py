@@ -32,6 +32,22 @@ DURATIONS = Path(__file__).with_name("durations.json")
 NEW_FILE_S = 1.0
 
 
+# What `make check` leaves out, marked here whatever the file says: every test under tests/vllm/
+# needs real vLLM; a module that imports the Docker engine's or the browser's helpers needs those.
+MARK_BY_PATH = {"tests/vllm/": "vllm"}
+MARK_BY_HELPER = {"tests.deploy.docker_env": "docker", "tests.gateway.ui.browser": "browser"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        kinds = {kind for path, kind in MARK_BY_PATH.items() if item.nodeid.startswith(path)}
+        module = getattr(item, "module", None)
+        for value in vars(module).values() if module is not None else ():
+            kinds.add(MARK_BY_HELPER.get(getattr(value, "__module__", ""), ""))
+        for kind in sorted(kinds - {""}):
+            item.add_marker(kind)
+
+
 def unit_of(nodeid: str) -> str:
     """The unit of work ``nodeid`` belongs to: its file, or :data:`HEAVY_UNIT`."""
     path = nodeid.split("::", 1)[0]
