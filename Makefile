@@ -75,7 +75,7 @@ XDIST = $(if $(filter 1,$(JOBS)),,-n $(JOBS))
 # The gate: lint, types and every test, real vLLM, Docker and the browser included.
 test: install lint typecheck models ops-deps docker-deps
 	GPUPOOL_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python GPUPOOL_TINY_MODELS=$(CURDIR)/$(MODELS) \
-		$(BIN)/pytest -q $(TIMING)
+		$(BIN)/pytest -q $(XDIST) $(TIMING)
 
 # The inner loop (DEVELOPING.md): lint, types and every test that needs no real vLLM, Docker or
 # browser, on the same workers.
