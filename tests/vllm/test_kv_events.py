@@ -139,7 +139,7 @@ def test_predicted_cached_tokens_equal_vllms(kv_stack: Proc) -> None:
     total = sum(delta.values())
     print("kv predictions:", delta, "cache hits reported:", sum(1 for r in reported if r))
     assert total == 60, (delta, gw.logs())
-    assert sum(1 for r in reported if r) >= 10  # the workload does reuse prefixes
+    assert sum(1 for r in reported if r) >= 5  # the workload does reuse prefixes (12 to 19 seen)
     assert delta.get("exact", 0) / total >= 0.95, delta
     workers = _workers(gw)
     assert all(workers[n]["kv"]["blocks"] > 0 for n in ("w1", "w2")), workers
