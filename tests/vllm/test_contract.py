@@ -20,6 +20,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 5}
 COMPLETION = {"model": MODEL, "prompt": "hello there", "max_tokens": 5}
 TOO_LONG = {"model": MODEL, "prompt": "alpha beta " * 3000, "max_tokens": 5}
+MESSAGES = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 5}
+BUDGET = {**MESSAGES, "max_tokens": 1030, "thinking": {"type": "enabled", "budget_tokens": 1024}}
 FILLS_WINDOW = {"model": MODEL, "prompt": [100] * BIG_WINDOW}  # max_tokens is clamped to 0
 FINGERPRINT = re.compile(r"vllm-0\.32\.0-[0-9a-f]{8}")
 SSE_TYPE = "text/event-stream; charset=utf-8"
@@ -45,6 +47,12 @@ CASES: list[tuple[str, str, dict[str, Any] | None]] = [
     ("tokenize prompt", "/tokenize", {"model": MODEL, "prompt": "hello there"}),
     ("tokenize messages", "/tokenize", {"model": MODEL, "messages": CHAT["messages"]}),
     ("tokenize unknown model", "/tokenize", {"model": "nope", "prompt": "x"}),
+    # vLLM's Anthropic adapter (issue 35: the simulator serves it too)
+    ("messages", "/v1/messages", MESSAGES),
+    ("messages unknown model", "/v1/messages", {**MESSAGES, "model": "nope"}),
+    ("messages budget without a reasoning config", "/v1/messages", BUDGET),
+    ("count_tokens", "/v1/messages/count_tokens",
+     {"model": MODEL, "messages": MESSAGES["messages"]}),
 ]  # fmt: skip
 # Raw bodies and content types that never reach the schema.
 RAW_CASES: list[tuple[str, bytes, dict[str, str]]] = [
@@ -190,6 +198,37 @@ def test_same_fingerprint_placement_without_usage(targets: tuple[str, str], path
         assert all("system_fingerprint" not in c for c in chunks[:-1])
     r_last, f_last = orjson.loads(real[-2][6:]), orjson.loads(fake[-2][6:])
     assert _loose(_shape(r_last)) == _loose(_shape(f_last))
+
+
+def _anthropic_events(base: str, body: dict[str, Any]) -> list[tuple[str, Any]]:
+    with httpx.stream("POST", base + "/v1/messages", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"] == SSE_TYPE
+        raw = b"".join(r.iter_raw())
+    out = []
+    for block in raw.split(b"\n\n"):
+        if block:
+            kind, data = block.split(b"\n", 1)
+            assert kind.startswith(b"event: ") and data.startswith(b"data: ")
+            out.append((kind[7:].decode(), orjson.loads(data[6:])))
+    return out
+
+
+def test_same_messages_stream(targets: tuple[str, str]) -> None:
+    """``/v1/messages`` streamed: the same events in the same order (deltas counted once), the
+    same shapes; a thinking budget without a reasoning config is the same lone error event."""
+    real, fake = (_anthropic_events(b, {**MESSAGES, "stream": True}) for b in targets)
+    kinds = [
+        [k for i, (k, _) in enumerate(ev) if i == 0 or ev[i - 1][0] != k] for ev in (real, fake)
+    ]
+    assert kinds[0] == kinds[1], kinds
+    for (rk, r_obj), (fk, f_obj) in zip(real, fake, strict=False):
+        if rk == fk and rk != "content_block_delta":
+            assert _loose(_shape(r_obj)) == _loose(_shape(f_obj)), rk
+            assert list(r_obj) == list(f_obj), rk
+    refused = [_anthropic_events(b, {**BUDGET, "stream": True}) for b in targets]
+    assert refused[0] == refused[1]
+    assert [k for k, _ in refused[0]] == ["error"]
 
 
 def test_same_models_card_and_metric_names(targets: tuple[str, str]) -> None:
