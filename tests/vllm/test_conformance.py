@@ -317,7 +317,9 @@ def test_stream_matches_vllm(stack: Stack, name: str, body: Json, model: str) ->
     streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
     ours, theirs = _pair(stack, "/v1/chat/completions", streamed, model)
     mine, vllm = coalesced(seen_stream(ours)), coalesced(seen_stream(theirs))
-    if model == SPLIT:
+    # vLLM's own streamed reasoning_tokens for n > 1 varied by one between two runs of the same
+    # seeded request with the same text (a CI run under load): compared as a split's are
+    if model == SPLIT or body.get("n", 1) > 1:
         (_, u1), (_, u2) = mine["end"][0], vllm["end"][0]
         same_split({"usage": u1}, {"usage": u2})
         mine["end"], vllm["end"] = mine["end"][1:], vllm["end"][1:]
