@@ -163,7 +163,8 @@ def test_streams_and_whole_answers_continue_when_their_worker_dies(
             assert usage["completion_tokens"] == expected["completion_tokens"] == MAX_TOKENS
             assert usage["prompt_tokens"] == expected["prompt_tokens"]
     assert moved >= 1 and continued >= 1 and restarted >= 1, (moved, continued, restarted)
-    line = re.search(r"request \S+: worker victim failed mid-answer \(worker_died\); "
+    # the health check may take the dying worker out before its connection closes: either cause
+    line = re.search(r"request \S+: worker victim failed mid-answer \((worker_died|worker_out)\); "
                      r"continued after \d+ tokens on worker other", log)  # fmt: skip
     assert line, log[-3000:]
 
