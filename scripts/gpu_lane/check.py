@@ -133,8 +133,8 @@ SLEEP_5090: list[Step] = [
     ("alternate", partial(lane_sleep.alternate, n=20), 40, True),
     ("stop", lane_steps.stop, 0, False),
 ]
-PHASES = {"dense": DENSE, "hybrid": HYBRID, "throughput": THROUGHPUT, "init": INIT,
-          "sleep": SLEEP, "sleep-hybrid": SLEEP_HYBRID, "sleep-l2": SLEEP_L2,
+PHASES = {"dense": DENSE, "dense-kv": DENSE, "hybrid": HYBRID, "throughput": THROUGHPUT,
+          "init": INIT, "sleep": SLEEP, "sleep-hybrid": SLEEP_HYBRID, "sleep-l2": SLEEP_L2,
           "sleep-5090": SLEEP_5090}  # fmt: skip
 
 

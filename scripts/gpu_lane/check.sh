@@ -3,6 +3,7 @@
 #
 #   bash scripts/gpu_lane/check.sh dense    # the dense model: launch, routing, planner,
 #                                           # throughput, TTFT, faults, prefix affinity, stop
+#   bash scripts/gpu_lane/check.sh dense-kv # the dense phase with precise prefix routing (KV events)
 #   bash scripts/gpu_lane/check.sh hybrid   # the hybrid MoE: planner, seed 000's pitfall
 #   bash scripts/gpu_lane/check.sh throughput  # the dense model: steady-state tokens/s only
 #   bash scripts/gpu_lane/check.sh init     # `gpupool init` on the GPUs found, check, serve it,
@@ -25,12 +26,13 @@ dense_config=$here/configs/dense-1gpu.yaml
 [ "$ngpu" -ge 2 ] && dense_config=$here/configs/dense-2gpu.yaml
 case $phase in
   dense|throughput|init) shape=${LANE_SHAPE:-$here/shapes/dense-8b-like}; config=${LANE_CONFIG:-$dense_config} ;;
+  dense-kv) shape=${LANE_SHAPE:-$here/shapes/dense-8b-like}; config=${LANE_CONFIG:-$here/configs/dense-kv-1gpu.yaml} ;;
   hybrid) shape=${LANE_SHAPE:-$here/shapes/hybrid-moe-35b-a3b-like}; config=${LANE_CONFIG:-$here/configs/hybrid-1gpu.yaml} ;;
   sleep) shape=${LANE_SHAPE:-$here/shapes/dense-8b-like}; config=${LANE_CONFIG:-$here/configs/sleep-1gpu.yaml} ;;
   sleep-hybrid) shape=${LANE_SHAPE:-$here/shapes/dense-8b-like}; config=${LANE_CONFIG:-$here/configs/sleep-hybrid-1gpu.yaml} ;;
   sleep-l2) shape=${LANE_SHAPE:-$here/shapes/dense-8b-like}; config=${LANE_CONFIG:-$here/configs/sleep-l2-1gpu.yaml} ;;
   sleep-5090) shape=${LANE_SHAPE:-$here/shapes/dense-8b-like}; config=${LANE_CONFIG:-$here/configs/sleep-5090-1gpu.yaml} ;;
-  *) echo "usage: check.sh dense|hybrid|throughput|init|sleep|sleep-hybrid|sleep-l2|sleep-5090" >&2; exit 2 ;;
+  *) echo "usage: check.sh dense|dense-kv|hybrid|throughput|init|sleep|sleep-hybrid|sleep-l2|sleep-5090" >&2; exit 2 ;;
 esac
 if [ "${LANE_REHEARSAL:-0}" != 1 ]; then
   bash "$here/install.sh" || exit 1

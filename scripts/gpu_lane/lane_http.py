@@ -285,6 +285,27 @@ async def migrations(c: httpx.AsyncClient, url: str) -> dict[str, float]:
     return out
 
 
+async def kv_series(c: httpx.AsyncClient, url: str) -> dict[str, float]:
+    """The gateway's precise-routing series (``gpupool_kv_*``: routed mode, predictions against
+    vLLM's ``cached_tokens``, indexed blocks, gaps, resyncs), each line's name and labels as key."""
+    try:
+        r = await c.get(url + "/metrics", timeout=20)
+    except (httpx.HTTPError, OSError):
+        return {}
+    out: dict[str, float] = {}
+    for line in r.text.splitlines():
+        if not line.startswith("gpupool_kv_") or line.endswith("_created"):
+            continue
+        key, _, value = line.rpartition(" ")
+        if "_bucket{" in key or "_created" in key:
+            continue
+        try:
+            out[key] = float(value)
+        except ValueError:
+            continue
+    return out
+
+
 def _label(labels: str, name: str) -> str:
     start = labels.find(f'{name}="')
     if start < 0:
