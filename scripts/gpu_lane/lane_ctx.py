@@ -33,12 +33,12 @@ class Ctx:
     def model(self) -> str:
         return str(self.config["models"][0]["name"])
 
-    @property
     def kv_routing(self) -> bool:
         """Precise prefix routing (``routing.kv_events.enabled``) in the served config."""
         kv = (self.config.get("routing") or {}).get("kv_events") or {}
         return bool(kv.get("enabled"))
 
+    @property
     def worker_names(self) -> list[str]:
         return [w["name"] for w in self.config["workers"]]
 

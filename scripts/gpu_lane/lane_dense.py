@@ -80,8 +80,8 @@ async def throughput(ctx: Ctx, rounds: int = 4, n: int = 512, conc: int = 256) -
             res[name] = await load_phase(ctx.client, urls, bodies, conc)
         res["ratio"] = round(res["gpupool"]["tok_s"] / max(res["direct"]["tok_s"], 1e-9), 4)
         out["rounds"].append(res)
-        if ctx.kv_routing():  # precise routing on: what the index knew, round by round
-            res["kv"] = await kv_series(ctx.client, ctx.gateway().url)
+        if ctx.kv_routing():  # precise routing on: what the index knew, after each round
+            out.setdefault("kv", []).append(await kv_series(ctx.client, ctx.gateway().url))
         ctx.lane.say(
             f"throughput round {i + 1}: direct {res['direct']['tok_s']:.0f} tok/s, "
             f"gpupool {res['gpupool']['tok_s']:.0f} tok/s, ratio {res['ratio']}"
@@ -279,8 +279,8 @@ async def affinity(ctx: Ctx, conversations: int = 16, turns: int = 4) -> dict[st
             seed = 1000 * (r * 2 + (mode == "gpupool")) + 7
             res[mode] = await _conversations(ctx, mode, direct, seed, conversations, turns)
         out["rounds"].append(res)
-        if ctx.kv_routing():  # precise routing on: what the index knew, round by round
-            res["kv"] = await kv_series(ctx.client, ctx.gateway().url)
+        if ctx.kv_routing():  # precise routing on: what the index knew, after each round
+            out.setdefault("kv", []).append(await kv_series(ctx.client, ctx.gateway().url))
         ctx.lane.say(
             f"affinity round {r + 1}:",
             {m: (v["hit_rate"], v["followup_ttft_p50_ms"]) for m, v in res.items()},
@@ -288,7 +288,7 @@ async def affinity(ctx: Ctx, conversations: int = 16, turns: int = 4) -> dict[st
     if ctx.kv_routing():
         r = await ctx.client.get(ctx.gateway().url + "/admin/workers", timeout=30)
         body = r.json() if r.status_code == 200 else {}
-        rows = body if isinstance(body, list) else body.get("workers", [])
+        rows = body.get("data", []) if isinstance(body, dict) else []
         out["kv_workers"] = {w.get("name", "?"): w.get("kv") for w in rows} or {
             "status": r.status_code
         }
