@@ -12,6 +12,7 @@ events say what moved where.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 import signal
@@ -260,3 +261,39 @@ def test_a_url_workers_drain_moves_what_outlives_its_deadline(tmp_path: Path) ->
     assert [r.text() for r in reads] == [r.text() for r in reference]
     assert [r.usage() for r in reads] == [r.usage() for r in reference]
     assert moved == 2
+
+
+def test_a_used_up_migration_that_a_retry_saves_is_not_counted_failed(tmp_path: Path) -> None:
+    """``routing.migrations: 1``: a whole answer's worker is killed before it answered (it
+    moves once), then the next one is too. Its migrations are used up, but the dispatcher's
+    retry (a worker that died before the first byte, ``routing.retries``) takes it to a third
+    worker: the client gets its answer, and no migration is counted ``failed``."""
+    a, b = (sim(model=MODEL, tmp=tmp_path, max_num_seqs=2, itl_ms=50, output_tokens=80)
+            for _ in range(2))  # fmt: skip
+    c = sim(model=MODEL, tmp=tmp_path, max_num_seqs=2, itl_ms=1, output_tokens=80)
+    # a, b, c in that order on equal load (a rank's last key is the name); health checks too
+    # slow to take a dead worker out before the gateway reads its closed connection
+    routing = {**NO_AFFINITY, "migrations": 1, "health_interval_s": 5.0}
+    cfg = gateway_config([("a", a, 2), ("b", b, 2), ("c", c, 2)], routing=routing)
+    gw = gateway(cfg, tmp_path)
+    req = ("/v1/completions", {**_completion(7), "stream": False})
+    with running(a, b, c), running(gw, ready_path="/ready"):
+        (reference,) = asyncio.run(_all(c.url, [req]))
+
+        async def scenario() -> Read:
+            async with async_client(1) as client:
+                task = asyncio.create_task(_one(client, gw.url, *req))
+                for victim in (a, b):
+                    busy = functools.partial(_running, victim)
+                    await asyncio.to_thread(wait_until, "answering", busy, 15)
+                    victim.kill()
+                return await task
+
+        read = asyncio.run(scenario())
+        assert_nothing_held(gw.url)
+        restarted = _metric(gw, "gpupool_migrations_total", outcome="restarted")
+        failed = _metric(gw, "gpupool_migrations_total", outcome="failed")
+    assert read.status == 200, read.raw[:300]
+    assert read.worker == "c"
+    assert read.text() == reference.text()
+    assert (restarted, failed) == (1, 0)

@@ -97,11 +97,16 @@ class Dispatcher:
         and may still)."""
         if e.sent and await self._restart(ex, e):
             return
-        if e.sent and not (e.died and worker is not None and worker.routable):
-            self.broke(ex, e)
-            ex.status = "upstream_error"
-            raise failure_error(e, "while handling the request") from None
-        await self._retry(ex, e.args[0], worker)
+        try:
+            if e.sent and not (e.died and worker is not None and worker.routable):
+                self.broke(ex, e)
+                ex.status = "upstream_error"
+                raise failure_error(e, "while handling the request") from None
+            await self._retry(ex, e.args[0], worker)
+        except GatewayError:
+            if e.sent and self.migrator is not None:
+                self.migrator.gave_up(ex, e)  # its migrations used up, and no retry took it
+            raise
 
     async def _restart(self, ex: Exchange, e: UpstreamFailure) -> bool:
         """A request sent to a worker that died before anything went back starts again on

@@ -85,6 +85,7 @@ class Plan:
     # (answered at once, generated later)
     paced: bool = False
     migrations: int = 0  # times it moved to another worker after its answer began (migrate.py)
+    migration_failed: bool = False  # counted as a failed migration once (migrate.py)
 
 
 class Exchange:

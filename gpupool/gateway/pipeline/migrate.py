@@ -44,18 +44,29 @@ class Migrator:
         self.metrics = metrics
 
     def cause(self, ex: Exchange, e: UpstreamFailure) -> str | None:
-        """Why ``ex`` may move after ``e``, or None (it fails as before). Migrations used up
-        are counted (outcome ``failed``)."""
-        plan = ex.plan
-        if e.cause is None or not self.limit or plan.pinned or not _movable(ex):
-            return None
-        if plan.migrations >= self.limit:
-            self.record(ex, e.cause, "failed")
-            rid, n = plan.ctx.request_id, plan.migrations
-            log.warning("request %s: worker %s failed mid-answer (%s); its %d migrations are "
-                        "used up", rid, ex.worker, e.cause, n)  # fmt: skip
+        """Why ``ex`` may move after ``e``, or None: it fails as before, or (before the first
+        byte) the dispatcher's retry rules apply. Counts nothing: a request that cannot move
+        may still be retried, so its ``failed`` is counted where it fails (``gave_up``)."""
+        if not self._may_move(ex, e) or ex.plan.migrations >= self.limit:
             return None
         return e.cause
+
+    def gave_up(self, ex: Exchange, e: UpstreamFailure) -> None:
+        """``ex`` fails after ``e``: when only its used-up migrations kept it from moving, that
+        is counted (outcome ``failed``) and logged. Called where the client gets the error, so
+        a request the dispatcher then retries elsewhere is not counted as failed."""
+        plan = ex.plan
+        if not self._may_move(ex, e) or plan.migrations < self.limit:
+            return
+        assert e.cause is not None
+        self.record(ex, e.cause, "failed")
+        rid, n = plan.ctx.request_id, plan.migrations
+        log.warning("request %s: worker %s failed mid-answer (%s); its %d migrations are "
+                    "used up", rid, ex.worker, e.cause, n)  # fmt: skip
+
+    def _may_move(self, ex: Exchange, e: UpstreamFailure) -> bool:
+        """Whether ``e`` is a cause to move and ``ex`` a request that can, migrations aside."""
+        return e.cause is not None and bool(self.limit) and not ex.plan.pinned and _movable(ex)
 
     async def move(self, ex: Exchange, cause: str, what: str) -> bool:
         """Give ``ex``'s slot back and take one on another candidate (True). False when none
@@ -96,6 +107,12 @@ class Migrator:
         return True
 
     def record(self, ex: Exchange, cause: str, outcome: str, reprefilled: int = 0) -> None:
+        """Count one move's outcome; a request's failure is counted once, however many of
+        its steps fail (a continuation's send that fails, then its refusal)."""
+        if outcome == "failed":
+            if ex.plan.migration_failed:
+                return
+            ex.plan.migration_failed = True
         model = ex.plan.model.name
         self.metrics.migrations.labels(model, cause, outcome).inc()
         if reprefilled:

@@ -166,6 +166,8 @@ class Relay:
         m = self.migrator
         cause = m.cause(ex, e) if m is not None else None
         if m is None or cause is None:
+            if m is not None:
+                m.gave_up(ex, e)
             return False
         if cause == "worker_died" or e.limit is not None:
             self.dispatcher.broke(ex, e)
@@ -384,6 +386,7 @@ class Relay:
         assert m is not None
         cause = m.cause(ex, e)
         if cause is None:
+            m.gave_up(ex, e)
             return None
         plan = ex.plan
         chat = plan.kind.shape is Shape.chat
