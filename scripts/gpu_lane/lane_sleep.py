@@ -147,9 +147,16 @@ async def canary(ctx: Ctx, model: str) -> dict[str, Any]:
     """The canary: one greedy completion of ``CANARY`` (temperature 0, ``CANARY_TOKENS`` tokens).
     The same weights give the same answer, so the answer after a level-2 wake (weights dropped,
     read from disk again) must equal the one before the sleep: vLLM users report garbage after
-    level-2 wakes that skipped the reload, which a first token alone would not show."""
+    level-2 wakes that skipped the reload, which a first token alone would not show.
+
+    Each ask carries a ``cache_salt`` of its own, so that every canary is prefilled cold, as
+    the first one and every one after a level-2 wake (which drops the KV cache) are: a canary
+    whose prompt hits the prefix cache is computed by another kernel path, and on the lane's
+    random weights, whose top logits nearly tie, greedy text then parts from the cold answer
+    after ~30 tokens (seen on the H100, 2026-12-06: the before-sleep canaries of the second and
+    third run differed from every cold one at character 117)."""
     body = {"model": model, "prompt": CANARY, "max_tokens": CANARY_TOKENS, "temperature": 0,
-            "ignore_eos": True}  # fmt: skip
+            "ignore_eos": True, "cache_salt": f"lane-canary-{time.monotonic_ns()}"}  # fmt: skip
     try:
         r = await ctx.client.post(ctx.gateway().url + "/v1/completions", json=body, timeout=600)
         text = r.json()["choices"][0]["text"] if r.status_code == 200 else None
