@@ -163,6 +163,7 @@ WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60
 
 WORKER_STATES = ("starting", "warming", "ready", "draining", "stopped", "failed",
                  "falling_asleep", "asleep", "waking")  # fmt: skip
+KV_OUTCOMES = ("exact", "over", "under", "tokens_differ")  # gpupool_kv_predictions' outcome
 KV_ERROR_BUCKETS = (0.0, 16.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0, 16384.0)
 SWITCH_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0)
 
@@ -328,9 +329,14 @@ class Metrics:
         self.up.labels(model, worker).set(1.0 if state == "ready" else 0.0)
 
     def forget_worker(self, model: str, worker: str) -> None:
-        for g in (self.up, self.capacity, self.inflight, self.worker_waiting, self.worker_kv):
+        for g in (self.up, self.capacity, self.inflight, self.worker_waiting, self.worker_kv,
+                  self.kv_blocks, self.kv_events, self.kv_gaps, self.kv_resyncs,
+                  self.kv_precise):  # fmt: skip
             with contextlib.suppress(KeyError):
                 g.remove(model, worker)
+        for outcome in KV_OUTCOMES:
+            with contextlib.suppress(KeyError):
+                self.kv_predictions.remove(model, worker, outcome)
         for s in WORKER_STATES:
             with contextlib.suppress(KeyError):
                 self.state.remove(model, worker, s)

@@ -307,3 +307,5 @@ async def _retire(svc: Services, name: str) -> None:
         await svc.drain(worker, DRAIN_ON_RELOAD_S)
     svc.registry.remove(name)
     svc.metrics.forget_worker(worker.model, worker.name)
+    if svc.kv is not None:  # its KV-event subscription ends, its index goes
+        svc.kv.pool.remove(name)

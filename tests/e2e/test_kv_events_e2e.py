@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from gpupool.workers.kvevents import wire
 from gpupool.workers.kvevents.hashing import HashSpec, block_hashes
@@ -64,7 +65,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             running(gw),
         ):
             _until(lambda: all(_kv(gw, n)["precise"] for n in names), "precise")
-            yield {"gw": gw, "pubs": pubs, "fakes": fakes}
+            yield {"gw": gw, "pubs": pubs, "fakes": fakes, "tmp": tmp}
     finally:
         for p in pubs.values():
             p.close()
@@ -176,3 +177,38 @@ def test_the_index_is_bounded_by_the_workers_own_blocks(stack: dict[str, Any]) -
                                  medium="GPU"))  # fmt: skip
     _until(lambda: _kv(gw, "w2")["evicted"] >= 500, "evicted")
     assert _kv(gw, "w2")["blocks"] == 1000
+
+
+def test_a_worker_removed_by_a_reload_takes_its_kv_state_along(stack: dict[str, Any]) -> None:
+    """A reload that removes a worker ends its KV-event subscription and drops its index and its
+    series (a reload's ``_retire``); putting it back subscribes afresh."""
+    gw = stack["gw"]
+    path = next(stack["tmp"].glob("gpupool-*.yaml"))
+    original = path.read_text()
+    cfg = yaml.safe_load(original)
+    cfg["workers"] = [w for w in cfg["workers"] if w["name"] != "w1"]
+    path.write_text(yaml.safe_dump(cfg))
+    try:
+        r = httpx.post(gw.url + "/admin/reload", timeout=120)
+        assert r.status_code == 200 and r.json()["workers"]["removed"] == ["w1"], r.text
+        text = httpx.get(gw.url + "/metrics", timeout=10).text
+        left = [line for line in text.splitlines()
+                if line.startswith("gpupool_kv_") and 'worker="w1"' in line]  # fmt: skip
+        assert not left, left
+        assert any(line.startswith("gpupool_kv_indexed_blocks{") and 'worker="w2"' in line
+                   for line in text.splitlines())  # fmt: skip
+    finally:
+        path.write_text(original)
+        r = httpx.post(gw.url + "/admin/reload", timeout=120)
+        assert r.status_code == 200, r.text
+    # subscribed afresh: its first batch comes past what the replay keeps (a resync), and the
+    # next block stored refills it
+    ids, hashes = _hashes("z")
+    block = wire.BlockStored(hashes[:1], None, ids[:128], 128, medium="GPU", extra_keys=[["z"]])
+
+    def refilled() -> bool:
+        stack["pubs"]["w1"].publish(block)
+        time.sleep(0.2)
+        return bool(_kv(gw, "w1")["precise"])
+
+    _until(refilled, "w1 precise again")

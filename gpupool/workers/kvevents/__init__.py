@@ -6,6 +6,6 @@ Here, per worker: a subscription thread (``subscriber.py``) decodes them (``wire
 bounded index (``index.py``); ``render.py`` and ``hashing.py`` compute a request's token ids
 and its blocks' hashes the way vLLM does, so the gateway can name them before the worker has
 seen the request; ``pool.py`` keeps one subscription per worker and empties a worker's index
-when its cache is gone (restart, sleep, wake, drain); ``publisher.py`` speaks vLLM's side of
+when its cache is gone (restart, sleep, wake, stop); ``publisher.py`` speaks vLLM's side of
 the protocol (the simulator's, and tests').
 """

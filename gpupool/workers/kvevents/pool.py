@@ -1,10 +1,15 @@
 """One KV-event subscription and index per worker, kept in step with the worker's life.
 
-A worker's index starts empty whenever its cache does: a (re)launch, a sleep or a wake, a drain,
-a stop or a failure (``on_change``). Only its first way up (``starting → warming → ready``)
-keeps what the index learned, the warm-up's blocks included. A new endpoint (a restarted
-worker's new ports) means a new subscription. Threads end within ``subscriber.POLL_S`` of
-``forget``; ``aclose`` joins them all, then ends the ZMQ context.
+A worker's index starts empty whenever its cache does: a (re)launch, a sleep or a wake, a stop or
+a failure (``on_change``). Two ways keep what the index learned: the first way up
+(``starting → warming → ready``, the warm-up's blocks included), and a drain and its resume
+(``ready ⇄ draining``): a drained launched worker's vLLM process stays up with its cache, and
+its subscription goes on following the events (what it finishes, what vLLM evicts), so a
+resume finds the index as warm as the cache. A drain that ends in a stop (``stopped``, a `url:`
+worker's drain too) empties it. A new endpoint (a restarted worker's new ports) means a new
+subscription. ``remove`` (the worker left the pool) ends its subscription and drops its index.
+Threads end within ``subscriber.POLL_S`` of ``forget``; ``aclose`` joins them all, then ends
+the ZMQ context.
 """
 
 from __future__ import annotations
@@ -22,8 +27,10 @@ _KEEPS = {
     (WorkerState.starting, WorkerState.warming),
     (WorkerState.warming, WorkerState.ready),
     (WorkerState.starting, WorkerState.ready),
+    (WorkerState.ready, WorkerState.draining),  # the process and its cache stay up
+    (WorkerState.draining, WorkerState.ready),  # resumed: the same process (else → starting)
 }
-_SUBSCRIBED = (WorkerState.starting, WorkerState.warming, WorkerState.ready)
+_SUBSCRIBED = (WorkerState.starting, WorkerState.warming, WorkerState.ready, WorkerState.draining)
 
 
 class KvPool:

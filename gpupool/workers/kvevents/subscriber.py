@@ -32,16 +32,17 @@ from gpupool.workers.kvevents.source import KvSource
 log = logging.getLogger("gpupool.kvevents")
 
 POLL_S = 0.1
-MAX_SAMPLES = 4  # parentless chains kept to check the hash seed against
-VERIFY_BLOCKS = 4  # of each sample's first blocks, recomputed to check it
+MAX_SAMPLES = 4  # the last parentless chains' checks kept (the verdict reads them)
+VERIFY_BLOCKS = 4  # of each parentless chain's first blocks, recomputed to check the seed
 
 
 @dataclass(slots=True, frozen=True)
-class Sample:
-    token_ids: tuple[int, ...]
-    first_extra: Any  # tagged salt keys, None, or False (other keys: not checked)
-    hashes: tuple[int, ...]
+class Check:
+    """One parentless chain recomputed on the subscription thread: its block size, and whether
+    its first blocks hash as the worker's seed says (None: its extra keys are not a salt)."""
+
     block_size: int
+    matches: bool | None
 
 
 class Subscriber(threading.Thread):
@@ -57,13 +58,13 @@ class Subscriber(threading.Thread):
         self.worker = name
         self.ends = ends
         self.index = index
-        self.samples: deque[Sample] = deque(maxlen=MAX_SAMPLES)
+        # the seed the worker's hashes must start from (``ends.seed``, else vLLM's default)
+        self.seed = ends.seed or hashing.DEFAULT_SEED
+        self.checks: deque[Check] = deque(maxlen=MAX_SAMPLES)
         self._ctx = ctx
         self._replay_timeout_s = replay_timeout_s
         self._next: int | None = None
         self._stop_flag = threading.Event()
-        self._samples_seen = 0  # samples appended so far (a new one invalidates the verdict)
-        self._verdict: tuple[object, bool | None] = (None, None)
 
     def stop(self) -> None:
         self._stop_flag.set()
@@ -182,31 +183,30 @@ class Subscriber(threading.Thread):
         self.index.stats.block_size = ev.block_size
         if ev.parent_block_hash is None and ev.lora_name is None:
             first = ev.extra_keys[0] if ev.extra_keys else None
-            self.samples.append(Sample(tuple(ev.token_ids), _salt_keys(first), tuple(hashes),
-                                       ev.block_size))  # fmt: skip
-            self._samples_seen += 1
+            self.checks.append(self._check(ev.token_ids, _salt_keys(first), hashes, ev.block_size))
+
+    def _check(self, ids: list[int], extra: Any, hashes: list[int], block_size: int) -> Check:
+        """Recompute a parentless chain's first blocks (here, on this thread: never on the
+        event loop) with sha256 and this worker's seed."""
+        if extra is False or block_size < 1:
+            return Check(block_size, None)
+        head = ids[: VERIFY_BLOCKS * block_size]
+        mine = hashing.chain(hashing.none_hash(self.seed), head, block_size, extra)
+        return Check(block_size, [hashing.external(h) for h in mine] == hashes[: len(mine)])
 
     def verify(self, spec: hashing.HashSpec) -> bool | None:
         """Whether the last parentless chains this worker stored hash as ``spec`` says: False
-        if any does not, None with none to tell by. Computed once per new sample."""
-        if spec.algo not in hashing.SUPPORTED_ALGOS:
+        if any does not, None with none to tell by. Reads what this thread computed as the
+        chains came (``_check``): no hashing on the caller's thread."""
+        if spec.algo not in hashing.SUPPORTED_ALGOS or spec.seed != self.seed:
             return None
-        key = (spec, self._samples_seen)
-        if self._verdict[0] == key:
-            return self._verdict[1]
         verdict: bool | None = None
-        for s in list(self.samples):
-            if s.block_size != spec.block_size or s.block_size < 1 or s.first_extra is False:
+        for c in list(self.checks):
+            if c.block_size != spec.block_size or c.matches is None:
                 continue
-            # the seed shows in every block's hash: a few blocks tell (this runs on the event
-            # loop, and a sample may be a whole long prompt)
-            ids = list(s.token_ids[: VERIFY_BLOCKS * s.block_size])
-            mine = hashing.chain(hashing.none_hash(spec.seed), ids, s.block_size, s.first_extra)
-            if [hashing.external(h) for h in mine] != list(s.hashes[: len(mine)]):
-                verdict = False
-                break
+            if not c.matches:
+                return False
             verdict = True
-        self._verdict = (key, verdict)
         return verdict
 
 

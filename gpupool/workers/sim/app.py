@@ -207,6 +207,7 @@ def create_sim_app(config: SimConfig, sleep: SleepSettings | None = None) -> Sim
         app.sleep.abort = app.service.engine.abort_all
         app.sleep.freeze = app.service.engine.freeze
         app.sleep.thaw = app.service.engine.thaw
+        app.sleep.clear_cache = app.service.engine.cache.clear
         mode = app.sleep
         app.service.jobs.text.garbled = lambda: mode.garbled
     return app

@@ -124,6 +124,9 @@ class SleepMode:
     abort: Callable[[], None] = lambda: None  # the engine's abort of them all (the app sets it)
     freeze: Callable[[], None] = lambda: None  # the engine's pause of them all (the app sets it)
     thaw: Callable[[], None] = lambda: None  # and its resume
+    # the engine's prefix cache emptied (the app sets it): vLLM's sleep at level 1 or 2 clears
+    # it (``EngineCore.sleep``: ``pause_scheduler(clear_cache=True)``), its KV cache discarded
+    clear_cache: Callable[[], None] = lambda: None
     _unhung: asyncio.Event = field(default_factory=asyncio.Event)  # set: sleeps go on
     _ended: asyncio.Event = field(default_factory=asyncio.Event)  # set: a generation ended
     _sleeping: asyncio.Lock = field(default_factory=asyncio.Lock)  # one sleep at a time
@@ -246,6 +249,7 @@ class SleepMode:
                 finally:
                     self.falling = False
                 self.asleep, self.level, self.awake_tags = True, max(level, 1), set()
+                self.clear_cache()
                 self.sleeps += 1
                 self._release()
         return 200, {"status": "sleeping", "level": level}

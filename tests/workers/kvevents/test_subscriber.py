@@ -3,6 +3,7 @@ the replay fills, a gap it cannot fill (resync), a restarted publisher, and a la
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -46,10 +47,10 @@ def wired(tmp_path: Path) -> Iterator[tuple[KvPublisher, BlockIndex, Subscriber]
     assert not sub.is_alive()
 
 
-def _hello(pub: KvPublisher, index: BlockIndex) -> bool:
+def _hello(pub: KvPublisher, index: BlockIndex, parent: int | None = None) -> bool:
     if index.stats.batches:
         return True
-    pub.publish(stored([999]))
+    pub.publish(stored([999], parent))
     time.sleep(0.05)
     return bool(index.stats.batches)
 
@@ -129,34 +130,47 @@ def test_a_late_subscriber_replays_from_the_start(tmp_path: Path) -> None:
         ctx.term()
 
 
-def test_the_seed_check_recomputes_only_a_few_blocks_of_a_long_sample(
-    monkeypatch: pytest.MonkeyPatch,
+def test_the_seed_check_hashes_on_the_subscription_thread_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``verify`` runs on the event loop per new sample: a sample that is a whole long prompt
-    must not be rehashed in full there (the seed shows in its first blocks already)."""
+    """``verify`` is asked on the event loop (every request's ``why_not``): it only reads what
+    the subscription thread recomputed when a parentless chain came, and that thread rehashes
+    only a few first blocks of a long chain (the seed shows in them already)."""
     from gpupool.workers.kvevents import hashing
-    from gpupool.workers.kvevents.subscriber import VERIFY_BLOCKS, Sample
+    from gpupool.workers.kvevents.subscriber import VERIFY_BLOCKS
 
-    spec = hashing.HashSpec(block_size=4)
+    src = KvSource(f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay", seed="7")
+    spec = hashing.HashSpec(block_size=4, seed="7")
     ids = list(range(4 * 2000))
     good = hashing.block_hashes(ids, spec)
-    sub = Subscriber("w", KvSource("tcp://127.0.0.1:1"), BlockIndex(), zmq.Context.instance())
-    hashed: list[int] = []
+    wrong = hashing.block_hashes(ids[:8], hashing.HashSpec(4, seed="other"))
+    hashed: list[tuple[int, int]] = []  # (thread, tokens) per chain hashed
     chain = hashing.chain
 
-    def counting(parent: bytes, token_ids: list[int], *rest: Any) -> list[bytes]:
-        hashed.append(len(token_ids))
+    def recording(parent: bytes, token_ids: list[int], *rest: Any) -> list[bytes]:
+        hashed.append((threading.get_ident(), len(token_ids)))
         return chain(parent, token_ids, *rest)
 
-    monkeypatch.setattr(hashing, "chain", counting)
-    sub.samples.append(Sample(tuple(ids), None, tuple(good), 4))
-    sub._samples_seen += 1
-    assert sub.verify(spec) is True
-    assert hashed == [VERIFY_BLOCKS * 4]
-    wrong = hashing.block_hashes(ids[:8], hashing.HashSpec(4, seed="other"))
-    sub.samples.append(Sample(tuple(ids[:8]), None, tuple(wrong), 4))
-    sub._samples_seen += 1
-    assert sub.verify(spec) is False
-    sub.samples.append(Sample((1, 2), None, (), 0))  # a block size no worker has: skipped
-    sub._samples_seen += 1
-    assert sub.verify(hashing.HashSpec(block_size=0)) is None
+    monkeypatch.setattr(hashing, "chain", recording)
+    pub = KvPublisher(src.endpoint, src.replay, buffer_steps=50)
+    ctx: zmq.Context[Any] = zmq.Context()
+    index = BlockIndex()
+    sub = Subscriber("w", src, index, ctx, replay_timeout_s=5.0)
+    sub.start()
+    try:
+        _until(lambda: _hello(pub, index, parent=1))  # a chained batch: nothing to check
+        assert sub.verify(spec) is None
+        pub.publish(stored(good, None, ids))
+        _until(lambda: len(sub.checks) == 1)
+        assert sub.verify(spec) is True
+        assert hashed == [(sub.ident, VERIFY_BLOCKS * 4)]
+        pub.publish(stored(wrong, None, ids[:8]))
+        _until(lambda: len(sub.checks) == 2)
+        assert sub.verify(spec) is False
+        assert sub.verify(hashing.HashSpec(block_size=8, seed="7")) is None  # no such chains
+        assert all(t == sub.ident for t, _ in hashed), hashed  # never the caller's thread
+    finally:
+        sub.stop()
+        sub.join()
+        pub.close()
+        ctx.term()
