@@ -2,7 +2,7 @@
 vLLM-like switch times, the same load under ``swap.policy: turns`` (gpupool's first policy) and
 ``weighed`` (today's default), printed as ratios from one run.
 
-    .venv/bin/python bench/swap_policy.py [--trickle-s 90] [--agents 4] [--loops 6]
+    .venv/bin/python bench/swap_policy.py [--trickle-s 90] [--agents 4] [--loops 4] [--spread-s 15]
                                           [--out bench/results/swap_policy.json]
 
 Workloads:
@@ -14,7 +14,11 @@ Workloads:
 - **agent** (llama-swap #611): ``--agents`` agents, each ``--loops`` times: the orchestrator
   model (`chat`, 20 to 60 tokens) twice, the coder model (`coder`, 60 to 200 tokens) three
   times, each call followed by a tool call (0.2 to 1.5 s); drawn from a seed per agent, the same
-  under each policy; agents start up to 2 s apart. The run lasts until every agent is done.
+  under each policy. Agents start up to ``--spread-s`` apart: 15 s (about one loop), so that
+  independent agents (sessions, sub-agents) are out of step, as they are on a workstation. With
+  ``--spread-s 2`` they run in step, all on one model then all on the other, and any policy
+  needs ``2 * loops - 1`` switches, the fewest one agent's own turns allow: no policy can switch
+  less there, only slower. The run lasts until every agent is done.
 
 Per run: switches (``gpupool_swap_switches_total``) per 100 requests, the busy model's completed
 requests (trickle), the worst wait (a request's time to its first byte: a switch it waited for
@@ -191,13 +195,13 @@ async def trickle(url: str, run: Run, seconds: float, with_trickle: bool) -> Non
         await asyncio.gather(*(busy() for _ in range(8)), sleeper())
 
 
-async def agents(url: str, run: Run, n: int, loops: int) -> None:
+async def agents(url: str, run: Run, n: int, loops: int, spread_s: float) -> None:
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as client:
 
         async def agent(i: int) -> None:
             rng = random.Random(i)  # the same draws under each policy
-            await asyncio.sleep(rng.uniform(0, 2))  # agents start apart, as users do
+            await asyncio.sleep(rng.uniform(0, spread_s))  # agents start apart, as users do
             for _ in range(loops):
                 for _ in range(2):  # the orchestrator: a tool call, then it decides again
                     await ask(client, run, "chat", rng.randint(20, 60))
@@ -241,10 +245,17 @@ def main() -> None:
         help="swap.min_awake_s for both policies (default: each policy's own)",
     )
     ap.add_argument("--only", choices=("trickle", "agent"), default=None)
+    ap.add_argument(
+        "--spread-s",
+        type=float,
+        default=15.0,
+        help="agents start up to this far apart (2: in step, where no policy switches less)",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "swap_policy.json")
     a = ap.parse_args()
     s, awake = a.trickle_s, a.min_awake_s
-    print(f"swap policy bench: trickle {s:g} s, agent {a.agents} x {a.loops} loops, "
+    print(f"swap policy bench: trickle {s:g} s, agent {a.agents} x {a.loops} loops "
+          f"started up to {a.spread_s:g} s apart, "
           f"min_awake_s {awake if awake is not None else 'default'}", flush=True)  # fmt: skip
     alone, runs, agent = None, {}, {}
     if a.only != "agent":
@@ -252,13 +263,21 @@ def main() -> None:
         runs = {p: measure(p, "trickle", lambda u, r: trickle(u, r, s, True), awake)
                 for p in ("turns", "weighed")}  # fmt: skip
     if a.only != "trickle":
-        agent = {p: measure(p, "agent", lambda u, r: agents(u, r, a.agents, a.loops), awake)
-                 for p in ("turns", "weighed")}  # fmt: skip
+        work = lambda u, r: agents(u, r, a.agents, a.loops, a.spread_s)  # noqa: E731
+        agent = {p: measure(p, "agent", work, awake) for p in ("turns", "weighed")}
     report = summarize(alone, runs, agent)
     print(report)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     every = [r for r in (alone, *runs.values(), *agent.values()) if r is not None]
-    a.out.write_text(json.dumps({"runs": [_row(r) for r in every], "report": report}, indent=2))
+    args = {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()}
+    out = {"commit": _commit(), "args": args, "runs": [_row(r) for r in every], "report": report}
+    a.out.write_text(json.dumps(out, indent=2))
+
+
+def _commit() -> str:
+    git = ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]
+    done = subprocess.run(git, capture_output=True, text=True, check=False)
+    return done.stdout.strip() or "unknown"
 
 
 def _row(r: Run) -> dict[str, Any]:
