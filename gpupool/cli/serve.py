@@ -27,6 +27,8 @@ def run_server(cfg: GpupoolConfig, config_path: str) -> None:
     def show_progress(svc: Services) -> None:
         progress = StartupProgress(cfg, svc.registry)
         svc.registry.on_change(progress.on_change)
+        if svc.swap_leases is not None:  # a standby replica stops waiting on SIGTERM
+            svc.swap_leases.stopping = lambda: server.should_exit
 
     app = create_app(cfg, config_path=config_path, on_services=show_progress)
     config = uvicorn.Config(

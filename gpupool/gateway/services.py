@@ -122,7 +122,7 @@ class Services:
 
     async def start(self) -> None:
         if self.swap_leases is not None:  # before anything starts: another replica may hold
-            await self.swap_leases.claim()  # a group (``SwapControllerTaken``: serve refuses)
+            await self.swap_leases.claim()  # a group: stand by until its claim lapses
         self.write_sd_file()
         await self.admission.start()
         # the salts' generated key, as the other replicas (or the last run) have it
@@ -130,9 +130,11 @@ class Services:
         cfg, secret = self.cfg, self.pipeline.salt_secret
         self.pipeline.cache = await build_scope(cfg.tenancy, cfg.auth, keys, secret)
         if self.swap is not None:
+            if self.swap_leases is not None:
+                self.swap.fence(self.swap_leases.fresh)  # no switch once a claim may lapse
             await self.swap.start()  # its groups read url: workers before the poller marks them
             if self.swap_leases is not None:
-                self.swap_leases.start(self.swap.stop_group)
+                self.swap_leases.start(self.swap.lost_group)
         await self.poller.start()
         await self.supervisor.start()
         if self.discovery is not None:

@@ -6,14 +6,24 @@ choice beside the other's (issue 37 saw 36 ledger violations in 30 s, two replic
 in Redis before it starts them: a key ``{prefix}:swap:{group}:{members}`` (the members named by
 what they are: a ``url:`` worker's URL, a launched one's host and GPUs) set to the replica's id
 with ``NX`` and a TTL of ``3 x queue.lease_ttl_s``, renewed every ``lease_ttl_s`` while it
-serves and deleted when it stops. A replica that finds a group held by another refuses to serve
-(``SwapControllerTaken``: ``gpupool serve`` exits saying which group and whose), rather than
-follow: one controller, the others do not start. If the holder dies, its claim lapses after the
-TTL and a replica started then takes it.
+serves and deleted when it stops.
 
-A claim lost while serving (Redis flushed, or its key expired through a long outage and another
-replica took it) stops this replica's groups at once (``on_lost``), logged as an error: the
-other controls them. With the memory backend there is no claim (one gateway, as before).
+A replica that finds a group held by another *stands by*: its start waits (it serves nothing,
+its ``/ready`` never answers) and reads the claim every ``lease_ttl_s``, saying once which
+group and whose. It takes the claim only once it has been gone for one and a half renew periods
+(a live holder renews within one: after Redis restarts empty it takes its claim back first), so
+a holder that dies (or is stopped) is replaced about ``TTL + 1.5 x lease_ttl_s`` after its last
+renewal; the standby then starts as a replica started then would (its groups read the ``url:``
+members' ``/is_sleeping``: the first awake keeps the GPU). A standby asked to stop (SIGTERM)
+stops waiting and exits.
+
+The holder *fences* itself: a group acts (a switch, an idle sleep) only while its claim was
+renewed within ``TTL - lease_ttl_s`` (``fresh``), so a holder cut off from Redis, or frozen,
+stops acting before its claim can lapse and another replica take it. A claim found taken by
+another at a renewal (its key lapsed and a standby took it) stops this replica's groups at once
+(``on_lost``: its ``url:`` members are marked failed there, naming the other), logged as an
+error. What fencing cannot undo: a sleep or wake call already sent
+when the claim went stale. With the memory backend there is no claim (one gateway, as before).
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ import contextlib
 import hashlib
 import logging
 import socket
+import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from redis.asyncio import Redis
@@ -79,6 +90,9 @@ class SwapLeases:
         self.replica = replica
         self.ttl_ms = int(ttl_s * 3000)
         self.every_s = ttl_s
+        self.stopping: Callable[[], bool] = lambda: False  # serve's SIGTERM, for a standby
+        self._fresh_until = 0.0  # (monotonic) our claims cannot have lapsed before this
+        self._lost: set[str] = set()  # groups another replica took from this one
         self._task: asyncio.Task[None] | None = None
 
     @classmethod
@@ -90,44 +104,104 @@ class SwapLeases:
         client = redis_client(cfg.queue.redis_url, cfg.queue.lease_ttl_s, max_connections=2)
         return cls(client, keys, replica, cfg.queue.lease_ttl_s)
 
+    def fresh(self) -> bool:
+        """Whether this replica may act on its groups: every claim renewed recently enough
+        that none can have lapsed (it lapses a TTL after its renewal; this says no one renew
+        period before)."""
+        return time.monotonic() < self._fresh_until
+
+    def _renewed(self, at: float) -> None:
+        self._fresh_until = at + self.ttl_ms / 1000 - self.every_s
+
     async def claim(self) -> None:
-        """Take every group, or none: raise ``SwapControllerTaken`` naming a holder."""
+        """Take every group: at once when none is held, else once the holder's claims have
+        lapsed (stand by meanwhile). ``SwapControllerTaken`` when asked to stop meanwhile."""
+        standby = False
+        while True:
+            t0 = time.monotonic()
+            try:
+                held = await self._take_all(confirm=standby)
+            except (*CONNECTION_ERRORS, RedisError) as e:
+                if not standby:
+                    raise  # (at start, as before: serve fails, saying why)
+                log.warning("standing by: the swap groups' claims cannot be read (%s)", e)
+                await self._wait()
+                continue
+            if held is None:
+                self._renewed(t0)
+                if standby:
+                    log.warning("swap groups %s: the other replica's claim lapsed; this "
+                                "replica controls them now", ", ".join(self.keys))  # fmt: skip
+                return
+            group, holder = held
+            if not standby:
+                log.warning(
+                    "swap group `%s` is controlled by another gateway replica (%s) on this "
+                    "Redis: this one stands by (serving nothing) until that claim lapses "
+                    "(%g s after its last renewal)", group, holder, self.ttl_ms / 1000,
+                )  # fmt: skip
+                standby = True
+            await self._wait()
+
+    async def _wait(self) -> None:
+        """One renew period of standing by; ``SwapControllerTaken`` once asked to stop."""
+        if self.stopping():
+            raise SwapControllerTaken("stopped while standing by for a swap group's claim")
+        await asyncio.sleep(self.every_s)
+
+    async def _take_all(self, confirm: bool) -> tuple[str, str] | None:
+        """Take every key (None), or take none and say which group another holds and whose."""
         taken: list[str] = []
         try:
             for group, key in self.keys.items():
-                if await self.client.set(key, self.replica, nx=True, px=self.ttl_ms):
-                    taken.append(key)
-                    continue
-                found = await self.client.get(key)  # (a str: the client decodes)
-                holder = found if isinstance(found, str) else repr(found)
-                if holder == self.replica:
-                    continue
-                raise SwapControllerTaken(
-                    f"swap group `{group}` is controlled by another gateway replica ({holder}) "
-                    "on this Redis: two controllers would wake its models beside each other. "
-                    "Serve sleep-mode workers from one replica (its claim lapses "
-                    f"{self.ttl_ms / 1000:g} s after it stops)"
-                )
+                holder = await self._take(key, confirm)
+                if holder is not None:
+                    await self._release(taken)
+                    return group, holder
+                taken.append(key)
         except BaseException:
             await self._release(taken)
             raise
+        return None
 
-    def start(self, on_lost: Callable[[str], Awaitable[None]]) -> None:
+    async def _take(self, key: str, confirm: bool) -> str | None:
+        """None once ``key`` is ours; else its holder's id. With ``confirm`` (another held it),
+        a key found gone is taken only if still gone 1.5 renew periods later: a live holder
+        renews within one (Redis restarted empty), a dead one does not."""
+        if confirm and await self.client.get(key) is None:
+            await asyncio.sleep(self.every_s * 1.5)
+        if await self.client.set(key, self.replica, nx=True, px=self.ttl_ms):
+            return None
+        found = await self.client.get(key)  # (a str: the client decodes)
+        if found == self.replica:
+            return None
+        return found if isinstance(found, str) else repr(found)
+
+    def start(self, on_lost: Callable[[str, str], Awaitable[None]]) -> None:
         self._task = asyncio.create_task(self._renew(on_lost), name="gpupool-swap-leases")
 
-    async def _renew(self, on_lost: Callable[[str], Awaitable[None]]) -> None:
+    async def _renew(self, on_lost: Callable[[str, str], Awaitable[None]]) -> None:
         while True:
             await asyncio.sleep(self.every_s)
+            t0, renewed = time.monotonic(), True
             for group, key in self.keys.items():
+                if group in self._lost:
+                    renewed = False
+                    continue
                 try:
                     other = await self.client.eval(_RENEW, 1, key, self.replica, self.ttl_ms)
                 except (*CONNECTION_ERRORS, RedisError) as e:
                     log.warning("swap group %s: its claim could not be renewed (%s)", group, e)
+                    renewed = False
                     continue
                 if other:
+                    renewed = False
                     log.error("swap group %s: now controlled by replica %s; this one stops "
                               "controlling it", group, other)  # fmt: skip
-                    await on_lost(group)
+                    self._lost.add(group)
+                    await on_lost(group, str(other))
+            if renewed:
+                self._renewed(t0)
 
     async def close(self) -> None:
         if self._task is not None:

@@ -69,7 +69,8 @@ def swap_notes(cfg: GpupoolConfig) -> list[str]:
     if notes and cfg.queue.backend.value == "redis":
         notes.append(
             "queue.backend redis: one gateway replica controls each swap group (a claim in "
-            "Redis); a second replica of this configuration on the same Redis refuses to serve"
+            "Redis); a second replica of this configuration on the same Redis stands by, "
+            "serving nothing, and takes the groups over once that claim lapses"
         )
     return notes
 

@@ -152,6 +152,11 @@ class SwapController:
             for g in self.groups.values()
         }
 
+    def fence(self, may_act: Callable[[], bool]) -> None:
+        """Every group acts only while ``may_act()`` (this gateway's Redis claims are fresh)."""
+        for group in self.groups.values():
+            group.fence = may_act
+
     async def stop_group(self, name: str) -> None:
         """Stop running one group's turns (another gateway controls it now): its members stay
         as they are, and no switch of this gateway touches them again."""
@@ -160,6 +165,19 @@ class SwapController:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+    async def lost_group(self, name: str, holder: str) -> None:
+        """Another gateway replica controls group ``name`` now: stop its turns, and route
+        nothing more to its ``url:`` members (the other may put them to sleep at any time):
+        they are marked failed, saying whose they are. (Launched members are this gateway's
+        processes: left as they are.)"""
+        await self.stop_group(name)
+        group = self.groups.get(name)
+        for m in group.members if group is not None else []:
+            if m.launched:
+                continue
+            m.worker.last_error = f"swap group {name} is controlled by replica {holder}"
+            self.registry.transition(m.worker, WorkerState.failed)
 
     async def close(self) -> None:
         for name in list(self._tasks):

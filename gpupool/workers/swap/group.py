@@ -52,7 +52,8 @@ member while another is in doubt (the target's ``last_error`` names the one it w
 members start one after another, each put to sleep once ready (vLLM sizes its KV cache from the
 free memory it finds), the group's first one last, so it ends awake. Then the loop: every
 ``tick_s`` the policy (``policy.py``) says whose turn it is, and an idle holder with
-``sleep.idle_s`` is put to sleep.
+``sleep.idle_s`` is put to sleep; a step is skipped while ``fence`` says no (with Redis: this
+gateway's claim on the group may have lapsed, ``gateway/swap_lease.py``).
 """
 
 from __future__ import annotations
@@ -138,6 +139,9 @@ class SwapGroup:
         self.holder: Member | None = None
         self.lock = asyncio.Lock()
         self.starting_up = True
+        # whether this gateway may act on the group now (its Redis claim fresh: swap_lease.py)
+        self.fence: Callable[[], bool] = lambda: True
+        self._fenced = False
         self._leaving: Member | None = None  # the holder while it falls asleep
         self._awake_since = time.monotonic()
         self._last_active = time.monotonic()
@@ -266,6 +270,8 @@ class SwapGroup:
             self.starting_up = False
         while True:
             await asyncio.sleep(self.seams.tick_s)
+            if not self._may_act():
+                continue
             try:
                 async with self.lock:
                     await self._step()
@@ -273,6 +279,20 @@ class SwapGroup:
                 raise
             except Exception:  # a bug must not stop the group's turns for good
                 log.exception("swap group %s: step failed", self.name)
+
+    def _may_act(self) -> bool:
+        """False while this gateway's claim on the group may have lapsed (``fence``): another
+        replica may control it; said once in the log."""
+        ok = self.fence()
+        if ok == self._fenced:
+            if ok:
+                log.warning("swap group %s: its claim is renewed again; switching resumes",
+                            self.name)  # fmt: skip
+            else:
+                log.warning("swap group %s: its claim was not renewed in time (Redis out of "
+                            "reach?): no switch until it is", self.name)  # fmt: skip
+            self._fenced = not ok
+        return ok
 
     async def _start_up(self) -> None:
         remote = [m for m in self.members if not m.launched]
