@@ -11,9 +11,11 @@ these indices should set that variable too.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +167,14 @@ class NvmlProcessMemory:
         self._nvml = nvml
 
     def held_bytes(self, pids: Collection[int], gpus: Sequence[int]) -> int | None:
+        return self._read(lambda lib: _held(lib, set(pids), gpus), gpus)
+
+    def device_bytes(self, gpus: Sequence[int]) -> tuple[int, int] | None:
+        """(used, total) bytes of ``gpus`` together, whoever holds them (a ``url:`` worker's
+        processes are not gpupool's to name); None when NVML cannot say."""
+        return self._read(lambda lib: _device_used(lib, gpus), gpus)
+
+    def _read(self, read: Callable[[Nvml], _T], gpus: Sequence[int]) -> _T | None:
         lib = self._nvml if self._nvml is not None else load_nvml()
         if lib is None or not gpus:
             return None
@@ -173,11 +183,19 @@ class NvmlProcessMemory:
         except Exception:
             return None
         try:
-            return _held(lib, set(pids), gpus)
+            return read(lib)
         except Exception:  # NVMLError of any kind: unknown, never "freed"
             return None
         finally:
             _shutdown(lib)
+
+
+def _device_used(lib: Nvml, gpus: Sequence[int]) -> tuple[int, int]:
+    used = total = 0
+    for index in gpus:
+        memory = lib.nvmlDeviceGetMemoryInfo(lib.nvmlDeviceGetHandleByIndex(index))
+        used, total = used + int(memory.total) - int(memory.free), total + int(memory.total)
+    return used, total
 
 
 def _held(lib: Nvml, pids: set[int], gpus: Sequence[int]) -> int:

@@ -12,6 +12,8 @@ from typing import Any
 
 import orjson
 
+from gpupool.workers.sim.sleep import GPU_BYTES
+
 
 class LedgerMemory:
     """``GpuMemory`` over one ledger file (blocking: a file read)."""
@@ -31,8 +33,24 @@ class LedgerMemory:
                 total += int(member.get("held_bytes", 0))
         return total
 
+    def device_bytes(self, gpus: Sequence[int]) -> tuple[int, int] | None:
+        """(used, total) of the simulated card: what every live member holds (a ``url:``
+        simulator on the ledger too), of ``GPU_BYTES``."""
+        try:
+            data: dict[str, Any] = orjson.loads(self.path.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return None
+        used = sum(
+            int(m.get("held_bytes", 0))
+            for m in data.get("members", {}).values()
+            if _alive(int(m.get("pid", 0)))
+        )
+        return used, GPU_BYTES * max(len(gpus), 1)
+
 
 def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except OSError:

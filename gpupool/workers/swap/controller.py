@@ -16,15 +16,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
+from typing import cast
 
 import aiohttp
 
 from gpupool.config.models import SwapConfig, WorkerConfig
-from gpupool.config.swap import sleeps
+from gpupool.config.swap import memory_share, sleeps
 from gpupool.workers.registry import Registry, Worker, WorkerState
 from gpupool.workers.swap.demand import Demand
 from gpupool.workers.swap.group import GroupSeams, Member, SwapEvents, SwapGroup
-from gpupool.workers.swap.memory import GIB, GpuMemory, MemoryWatch
+from gpupool.workers.swap.memory import GIB, DeviceMemory, DeviceWatch, GpuMemory, MemoryWatch
 from gpupool.workers.swap.policy import Turns
 from gpupool.workers.swap.verify import Verification, Verifier
 
@@ -57,6 +58,7 @@ class SwapController:
                            cfg.sleep_timeout_s, cfg.wake_timeout_s, probe_timeout_s,
                            tick_s, read_s, cfg.pause_after_s, verifier)  # fmt: skip
         members: dict[str, list[Member]] = {}
+        devices = _device_watches(workers, memory, cfg)
         for wc in workers:
             worker = registry.get(wc.name)
             if worker is None or not sleeps(wc):
@@ -66,7 +68,8 @@ class SwapController:
             level = int(wc.sleep.level) if wc.sleep else 1
             idle = wc.sleep.idle_s if wc.sleep else None
             member = Member(worker, level, idle, wc.launch is not None)
-            member.verify = Verification(_watch(wc, memory(wc), cfg))
+            watch = _watch(wc, memory(wc), cfg) if wc.launch else devices.get(group)
+            member.verify = Verification(watch)
             members.setdefault(group, []).append(member)
         self.groups = {name: SwapGroup(name, ms, seams) for name, ms in members.items()}
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -205,6 +208,35 @@ class SwapController:
             if member.worker.state in (WorkerState.draining, WorkerState.stopped):
                 return False
             return await group.switch_to(member)
+
+
+def _device_watches(
+    workers: Sequence[WorkerConfig],
+    memory: Callable[[WorkerConfig], GpuMemory | None],
+    cfg: SwapConfig,
+) -> dict[str, DeviceWatch]:
+    """Per group with ``url:`` members: the GPU its launched members name, read whole for the
+    ``url:`` members' sleeps (``DeviceWatch``: room for the largest launched share of it)."""
+    launched: dict[str, list[WorkerConfig]] = {}
+    remote: set[str] = set()
+    for wc in workers:
+        if not sleeps(wc):
+            continue
+        group = wc.swap_group or wc.name
+        if wc.launch is not None and wc.launch.gpus:
+            launched.setdefault(group, []).append(wc)
+        elif wc.url is not None:
+            remote.add(group)
+    out = {}
+    for group in remote & launched.keys():
+        first = launched[group][0]
+        device = memory(first)
+        if device is None or not hasattr(device, "device_bytes"):
+            continue
+        need = max(memory_share(wc) for wc in launched[group])
+        gpus = tuple(first.launch.gpus or []) if first.launch else ()
+        out[group] = DeviceWatch(cast(DeviceMemory, device), gpus, need, cfg.free_timeout_s)
+    return out
 
 
 def _watch(wc: WorkerConfig, memory: GpuMemory | None, cfg: SwapConfig) -> MemoryWatch | None:

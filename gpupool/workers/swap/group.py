@@ -71,6 +71,7 @@ from gpupool.workers.registry import SLEEP_STATES, Registry, Worker, WorkerState
 from gpupool.workers.swap import client, reading
 from gpupool.workers.swap.client import SleepCallFailed
 from gpupool.workers.swap.demand import Demand, ModelDemand
+from gpupool.workers.swap.memory import DeviceWatch, Freed
 from gpupool.workers.swap.policy import Holder, Turns, next_model
 from gpupool.workers.swap.reading import Seen
 from gpupool.workers.swap.verify import Verification, Verifier
@@ -539,7 +540,7 @@ class SwapGroup:
         if verifier is not None:
             awake = await verifier.before_sleep(m.worker, m.verify, level)
         error = await self._ask_sleep(m, keep=keep)
-        if error is None and verifier is not None and m.launched:
+        if error is None and verifier is not None:  # (url: members: their GPU, if known)
             error = await verifier.after_sleep(m.worker, m.verify, awake)
         if error is not None:
             return await self._failed(m, error)
@@ -612,11 +613,25 @@ class SwapGroup:
                 log.warning("swap group %s: worker %s: %s", self.name, w.name, error)
                 w.last_error = self._waiting(m, error)
                 return False
+        if not await self._has_room(m):
+            return False
         m.sleep_asked, w.last_error = False, None
         if w.state is not WorkerState.stopped:
             self.seams.registry.transition(w, WorkerState.asleep)
         self.holder = None if self.holder is m else self.holder
         return True
+
+    async def _has_room(self, m: Member) -> bool:
+        """Whether a ``url:`` member read as asleep left its GPU room for the others (one
+        read of its ``DeviceWatch``; True when there is none, or it cannot be read)."""
+        watch = m.verify.watch
+        if not isinstance(watch, DeviceWatch):
+            return True
+        check = await watch.until_freed(m.worker, None, wait=False)
+        if check.freed is not Freed.held:
+            return True
+        m.worker.last_error = self._waiting(m, watch.held(check))
+        return False
 
     def _waiting(self, m: Member, reason: str) -> str:
         """``last_error`` of a ``url:`` member that may hold the GPU."""

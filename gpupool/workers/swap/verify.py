@@ -19,17 +19,18 @@ import aiohttp
 
 from gpupool.workers.registry import Worker
 from gpupool.workers.swap import canary
-from gpupool.workers.swap.memory import GIB, Check, Freed, MemoryWatch
+from gpupool.workers.swap.memory import Check, Freed, Watch
 
 log = logging.getLogger("gpupool.swap")
 
 
 @dataclass(slots=True)
 class Verification:
-    """One member's checks: its memory watch (launched members with a readable GPU), its
-    recorded canary answer, and the last outcomes."""
+    """One member's checks: its memory watch (launched members with a readable GPU; ``url:``
+    ones where a launched member names the group's GPU), its recorded canary answer, and the
+    last outcomes."""
 
-    watch: MemoryWatch | None = None
+    watch: Watch | None = None
     canary: str | None = None  # recorded before its first level-2 sleep
     last_sleep: Check | None = None
     last_canary: str | None = None  # "matched" or why not, after its last level-2 wake
@@ -71,13 +72,8 @@ class Verifier:
         check = v.last_sleep = await v.watch.until_freed(w, awake)
         if check.freed is not Freed.held:
             return None
-        gpus = ",".join(map(str, v.watch.gpus))
         v.restarts += 1
-        v.failure = (
-            f"/sleep answered, but it still holds {(check.asleep_bytes or 0) / GIB:.1f} GiB on "
-            f"GPU {gpus} after {check.seconds:.1f} s (more than swap.sleep_residue_gib "
-            f"{v.watch.residue_bytes / GIB:g}): restarted, never woken beside"
-        )
+        v.failure = v.watch.held(check)
         return v.failure
 
     async def after_wake(self, w: Worker, v: Verification, level: int) -> str | None:
