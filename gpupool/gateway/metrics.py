@@ -234,7 +234,8 @@ class Metrics:
         # request migration (pipeline/migrate.py): an answer moved after it began
         self.migrations = Counter(
             "gpupool_migrations", "Requests moved to another worker after their answer began, "
-            "by cause (worker_died; worker_out: taken out by its checks; timeout; drain; restart) "
+            "by cause (worker_died; worker_out: taken out by its checks; timeout; drain; restart; "
+            "wake_failed: a swap group's wake of the worker that held them paused failed) "
             "and "
             "outcome (continued: a stream went on from its text; restarted: sent again, "
             "nothing had reached the client; ended: "

@@ -246,11 +246,27 @@ class Services:
         log.info("worker %s: %s -> %s", worker.name, old.value, worker.state.value)
         if worker.state is WorkerState.ready:
             self.admission.poke(worker.name)
-        elif old is WorkerState.ready and worker.state is WorkerState.failed and worker.url:
-            # its in-flight requests end now: they move to another worker where they may
-            # (``pipeline/migrate.py``), else with an error
-            self.client.abort(worker.url, "worker_out")
+        elif worker.state is WorkerState.failed and worker.url:
+            self._cut_failed(worker, old, worker.url)
         self.write_sd_file()
+
+    def _cut_failed(self, worker: Worker, old: WorkerState, url: str) -> None:
+        """A worker that failed has its in-flight requests end now: they move to another
+        worker where they may (``pipeline/migrate.py``), else end with an error. Taken out
+        while ready: ``worker_out``. A swap group's wake that failed (``wake_failed``) holds
+        only the requests its switch paused: they move when another worker of the model is
+        ready, or when the worker is launched (its restart ends them anyway); a ``url:``
+        member's are kept for its group's next wake otherwise, within their idle deadline
+        (``server.upstream_read_timeout_s``, running again from the failure)."""
+        if old is WorkerState.ready:
+            self.client.abort(url, "worker_out")
+        elif old is WorkerState.waking and worker.inflight:
+            if worker.supervised or self._another_ready(worker):
+                self.client.abort(url, "wake_failed")
+
+    def _another_ready(self, worker: Worker) -> bool:
+        return any(w.model == worker.model and w.name != worker.name and w.routable
+                   for w in self.registry)  # fmt: skip
 
     def write_sd_file(self) -> None:
         """Keep Prometheus' file-SD list of worker /metrics targets current (off the loop).

@@ -47,8 +47,9 @@ class UpstreamFailure(Exception):
     ``cause``: why a request that has begun may continue on another worker (request migration,
     ``pipeline/migrate.py``): ``worker_died`` when the worker closed or reset the connection
     itself, ``worker_out`` when the gateway cut a worker its checks took out, ``timeout`` when
-    the worker kept silent past a read deadline, or the operator action that cut it (``drain``,
-    ``restart``). None when it must not continue elsewhere: any other bound crossed (a worker
+    the worker kept silent past a read deadline, the operator action that cut it (``drain``,
+    ``restart``), or ``wake_failed`` when a swap group's wake of the worker holding it paused
+    failed. None when it must not continue elsewhere: any other bound crossed (a worker
     that sends what it must not is not trusted with a second try), or the gateway shutting
     down.
     """
