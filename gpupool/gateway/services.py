@@ -260,13 +260,15 @@ class Services:
         (``server.upstream_read_timeout_s``, running again from the failure)."""
         if old is WorkerState.ready:
             self.client.abort(url, "worker_out")
-        elif old is WorkerState.waking and worker.inflight:
-            if worker.supervised or self._another_ready(worker):
-                self.client.abort(url, "wake_failed")
+        elif old is WorkerState.waking and worker.inflight and self._may_move(worker):
+            self.client.abort(url, "wake_failed")
 
-    def _another_ready(self, worker: Worker) -> bool:
-        return any(w.model == worker.model and w.name != worker.name and w.routable
-                   for w in self.registry)  # fmt: skip
+    def _may_move(self, worker: Worker) -> bool:
+        """Whether its paused requests are better cut than kept: it is launched (its restart
+        ends them), or another worker of its model is ready to take them."""
+        return worker.supervised or any(
+            w.model == worker.model and w.name != worker.name and w.routable for w in self.registry
+        )
 
     def write_sd_file(self) -> None:
         """Keep Prometheus' file-SD list of worker /metrics targets current (off the loop).
