@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 PACE_MS = 20.0
-GATEWAYS_ORDER = ("gpupool", "gpupool-base", "gpupool-redis", "aiohttp-naive", "vllm-router",
-                  "sglang-router", "litellm")  # fmt: skip
+GATEWAYS_ORDER = ("gpupool", "gpupool-precise", "gpupool-base", "gpupool-redis", "aiohttp-naive",
+                  "vllm-router", "sglang-router", "litellm")  # fmt: skip
 
 
 def _f(x: float | None, digits: int = 2) -> str:

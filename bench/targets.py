@@ -18,8 +18,10 @@ from rig import GATEWAY_CPU, PY, ROOT, Proc, ensure_venv, free_port, pip_version
 
 MODELS = ("fast", "paced", "idle")
 PEERS = ("vllm-router", "sglang-router", "litellm")
-ALL = ("direct", "gpupool", "gpupool-base", "gpupool-redis", "aiohttp-naive", "python-floor",
-       "python-floor-task", *PEERS)  # fmt: skip
+ALL = ("direct", "gpupool", "gpupool-precise", "gpupool-base", "gpupool-redis", "aiohttp-naive",
+       "python-floor", "python-floor-task", *PEERS)  # fmt: skip
+# gpupool-precise's tokenizer: the tiny model's (`make models`)
+KV_TOKENIZER = ROOT / ".models" / "qwen3-dense"
 
 
 @dataclass
@@ -51,9 +53,15 @@ class Target:
 
 
 def _gpupool(
-    name: str, upstream: int, tmp: Path, redis_url: str | None, source: Path | None = None
-) -> Target:
-    """gpupool from this checkout, or (``source``) from another tree of it (``--baseline``)."""
+    name: str, upstream: int, tmp: Path, redis_url: str | None, source: Path | None = None,
+    precise: bool = False,
+) -> Target:  # fmt: skip
+    """gpupool from this checkout, or (``source``) from another tree of it (``--baseline``).
+
+    ``precise``: KV-event routing on (``routing.kv_events``): each worker names an events
+    socket (nobody publishes on it: the upstream caches nothing) and the tiny model's tokenizer,
+    and the upstream shows vLLM's ``cache_config_info``, so every chat request is rendered,
+    tokenized, hashed and looked up in the (empty) index, as on a real pool."""
     port = free_port()
     queue: dict[str, object] = {"backend": "memory", "max_queued": 100_000}
     if redis_url:
@@ -77,6 +85,13 @@ def _gpupool(
         ],
         "queue": queue,
     }
+    if precise:
+        if not (KV_TOKENIZER / "tokenizer.json").exists():
+            raise SystemExit(f"{name} needs the tiny model's tokenizer in {KV_TOKENIZER}")
+        cfg["routing"] = {"kv_events": {"enabled": True}}
+        for w in cfg["workers"]:  # type: ignore[attr-defined]
+            w["kv_events"] = {"endpoint": f"ipc://{tmp}/{w['name']}.pub",
+                              "tokenizer": str(KV_TOKENIZER)}  # fmt: skip
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     argv = [str(PY), "-m", "gpupool", "serve", "--config", str(path)]
@@ -84,6 +99,8 @@ def _gpupool(
     # `python -m` puts the working directory first on sys.path: run the baseline from its tree
     proc = Proc(name, argv, GATEWAY_CPU, tmp / f"{name}.log", env=env, cwd=cwd)
     queue_note = "Redis queue backend" if redis_url else "memory queue backend"
+    if precise:
+        queue_note += ", KV-event routing on"
     return Target(
         name,
         port,
@@ -220,6 +237,7 @@ def build(
         "direct": lambda: Target("direct", upstream,
                                  note="the upstream itself: the physical limit"),
         "gpupool": lambda: _gpupool("gpupool", upstream, tmp, None),
+        "gpupool-precise": lambda: _gpupool("gpupool-precise", upstream, tmp, None, None, True),
         "gpupool-base": lambda: _gpupool("gpupool-base", upstream, tmp, None, baseline),
         "gpupool-redis": lambda: _gpupool("gpupool-redis", upstream, tmp, redis_url),
         "aiohttp-naive": lambda: _naive(upstream, tmp),

@@ -15,7 +15,8 @@ The request's ``model`` picks the behaviour (every gateway under test forwards i
 * ``idle``   SSE, first chunk at once, then one every ``--idle-s`` (idle-stream memory).
 
 Also ``GET /health``, ``/v1/models`` (all three, ``max_model_len`` 32768), ``/metrics`` (vLLM's
-gauges at zero), ``/version``, ``/get_server_info`` and ``/get_model_info`` for the routers' probes.
+gauges at zero, its ``cache_config_info``), ``/version``, ``/get_server_info`` and
+``/get_model_info`` for the routers' probes.
 """
 
 from __future__ import annotations
@@ -133,11 +134,17 @@ class Canned:
             f'vllm:{g}{{model_name="{m}"}} 0.0\n'
             for m in MODELS
             for g in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc")
-        ).encode()
+        )
+        # what precise prefix routing reads (gpupool-precise): vLLM's defaults, a GPU's blocks
+        metrics += (
+            'vllm:cache_config_info{block_size="16",enable_prefix_caching="True",'
+            'num_gpu_blocks="100000",prefix_caching_hash_algo="sha256"} 1.0\n'
+        )
+        metrics_bytes = metrics.encode()
         self.get = {
             b"/health": b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
             b"/v1/models": _json({"object": "list", "data": cards}),
-            b"/metrics": _response(b"200 OK", b"text/plain; version=0.0.4", metrics),
+            b"/metrics": _response(b"200 OK", b"text/plain; version=0.0.4", metrics_bytes),
             b"/version": _json({"version": "0.32.0"}),
             b"/get_server_info": _json({"model_path": "fast", "max_total_num_tokens": 32768}),
             b"/get_model_info": _json({"model_path": "fast", "is_generation": True}),

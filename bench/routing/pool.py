@@ -14,6 +14,7 @@ the other (the second one's memory profile must see the first's allocation).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import urllib.request
@@ -39,6 +40,7 @@ class WorkerSpec:
     extra_args: list[str] = field(default_factory=list)
     gpus: str = ""  # CUDA_VISIBLE_DEVICES, e.g. "0"; empty: the CPU build
     gpu_memory: float = 0.0  # --gpu-memory-utilization
+    kv_events: bool = False  # publish KV-cache events (for gpupool:precise)
 
 
 @dataclass
@@ -55,6 +57,8 @@ class Worker:
     def name(self) -> str:
         return self.spec.name
 
+    events: tuple[str, str] | None = None  # its KV-cache events' PUB and replay endpoints
+
 
 def cpu_dtype() -> str:
     """bfloat16 where the CPU computes it (AVX-512 BF16 or AMX), else float32: without them
@@ -62,6 +66,18 @@ def cpu_dtype() -> str:
     EPYC: 0.25 against 54 GFLOPS), which would make every prefill in the bench a crawl."""
     flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
     return "bfloat16" if {"avx512_bf16", "amx_bf16"} & set(flags) else "float32"
+
+
+HASH_SEED = "0"  # PYTHONHASHSEED of every worker publishing events (the gateway must know it)
+
+
+def events_config(spec: WorkerSpec, tmp: Path) -> tuple[list[str], tuple[str, str]]:
+    """``--kv-events-config`` on Unix sockets under ``tmp`` (vLLM's ZMQ publisher, as gpupool
+    gives launched workers), and the endpoints to subscribe to."""
+    pub, replay = f"ipc://{tmp}/{spec.name}.pub", f"ipc://{tmp}/{spec.name}.replay"
+    cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": pub,
+           "replay_endpoint": replay}  # fmt: skip
+    return ["--kv-events-config", json.dumps(cfg)], (pub, replay)
 
 
 def _argv(spec: WorkerSpec, model_dir: Path, port: int) -> list[str]:
@@ -86,11 +102,15 @@ def start(specs: list[WorkerSpec], model_dir: Path, tmp: Path, kv_gib: int,
     same GPUs as an earlier one of ``specs`` (the same ``gpus``) starts once that one is ready."""
     out: list[Worker] = []
     for spec in specs:
+        events = None
+        if spec.kv_events:
+            flags, events = events_config(spec, tmp)
+            spec.extra_args = [*spec.extra_args, *flags]
         if spec.name in attach:
-            out.append(Worker(spec, attach[spec.name], None))
+            out.append(Worker(spec, attach[spec.name], None, events))
             continue
         port = free_port()
-        env = {"VLLM_SERVER_DEV_MODE": "1", "HF_HUB_OFFLINE": "1"}
+        env = {"VLLM_SERVER_DEV_MODE": "1", "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": HASH_SEED}
         if spec.gpus:
             env["CUDA_VISIBLE_DEVICES"] = spec.gpus
             for earlier in out:
@@ -101,7 +121,7 @@ def start(specs: list[WorkerSpec], model_dir: Path, tmp: Path, kv_gib: int,
         cpu = spec.cpus  # Proc pins with taskset -c
         proc = Proc(f"vllm-{spec.name}", _argv(spec, model_dir, port), cpu,  # type: ignore[arg-type]
                     tmp / f"vllm-{spec.name}.log", env=env)  # fmt: skip
-        out.append(Worker(spec, port, proc.start()))
+        out.append(Worker(spec, port, proc.start(), events))
     return out
 
 

@@ -21,6 +21,8 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def ms(x: float) -> str:
+    if x == math.inf:
+        return "never"
     return "n/a" if x != x else f"{x * 1e3:,.0f}"
 
 
@@ -46,6 +48,11 @@ def brief(wl: str, out: dict[str, Any]) -> str:
             f"long TTFT p50 {ms(pct(out['long_ttft'], 50))} ms, errors long "
             f"{out['long_errors']} short {out['short_errors']}, {out['ok_per_s']:.2f} ok/s"
         )
+    if wl == "tenants":
+        return (f"TTFT p50 {ms(pct(out['ttft'], 50))} p90 {ms(pct(out['ttft'], 90))} ms, "
+                f"hit {out['hit_rate']:.0%}, completed {out['completed_in_window']}/"
+                f"{out['sent']} in the window ({out['completed']} in all), served "
+                + "/".join(f"{v:.0f}" for v in out["served"].values()))  # fmt: skip
     if wl == "flood":
         return (
             f"interactive p99 idle {ms(pct(out['idle'], 99))} flood "
@@ -137,6 +144,25 @@ def uneven_rows(runs: dict[str, Runs]) -> list[list[str]]:
     return rows
 
 
+def tenants_rows(runs: dict[str, Runs]) -> list[list[str]]:
+    rows = []
+    for name, rs in runs.items():
+        hits = [r["hit_rate"] for r in rs]
+        served: dict[str, float] = {}
+        for r in rs:
+            for w, v in r["served"].items():
+                served[w] = served.get(w, 0.0) + v
+        rows.append([name, ms(pct(pooled(rs, "ttft"), 50)), ms(pct(pooled(rs, "ttft"), 90)),
+                     spread(rs, "ttft", 90),
+                     f"{statistics.mean(hits):.0%} ({min(hits):.0%}-{max(hits):.0%})",
+                     f"{sum(r['completed_in_window'] for r in rs)} / "
+                     f"{sum(r['sent'] for r in rs)}",
+                     str(sum(r["completed"] for r in rs)),
+                     str(sum(r["errors"] + r["cancelled"] for r in rs)),
+                     " / ".join(f"{v:.0f}" for v in served.values())])  # fmt: skip
+    return rows
+
+
 TABLES = {
     "multi_turn": (
         "1. Multi-turn conversations",
@@ -162,6 +188,13 @@ TABLES = {
         ["router", "latency p50 ms", "latency p99 ms", "p99 per round", "TTFT p99 ms",
          "share to the slowed worker", "errors"],
         uneven_rows,
+    ),
+    "tenants": (
+        "5. Many tenants with long shared prefixes (llm-d's shape)",
+        ["router", "TTFT p50 ms", "TTFT p90 ms", "p90 per round", "vLLM prefix hit rate (rounds)",
+         "completed in the window / sent", "completed in all", "failed or cancelled",
+         "served per worker"],
+        tenants_rows,
     ),
 }  # fmt: skip
 
@@ -222,7 +255,25 @@ def targets(res: dict[str, Any]) -> list[str]:
                 f"- Workload 4: p99 {ms(p99[gp])} ms vs best peer {best} {ms(p99[best])} "
                 f"ms ({_ok(p99[gp] <= p99[best])})"
             )
+    out += tenants_target(runs.get("tenants", {}))
     return out
+
+
+def tenants_target(rs: dict[str, Runs]) -> list[str]:
+    """Issue 34: precise routing has the lowest TTFT p90 and the highest hit rate."""
+    gp = next((n for n in rs if n == "gpupool:precise"), None)
+    if gp is None or len(rs) < 2:
+        return []
+    p90 = {n: pct(pooled(r, "ttft"), 90) for n, r in rs.items()}
+    hit = {n: statistics.mean(x["hit_rate"] for x in r) for n, r in rs.items()}
+    others = [n for n in rs if n != gp]
+    best = min(others, key=lambda n: p90[n])
+    lo, hi = ratio_interval(rs[gp], rs[best], "ttft", 90)
+    top = max(others, key=lambda n: hit[n])
+    return [f"- Workload 5 (issue 34): {gp} TTFT p90 {ms(p90[gp])} ms vs the best other, {best}, "
+            f"{ms(p90[best])} ms ({_ok(p90[gp] <= p90[best])}; 90% interval of the ratio "
+            f"{lo:.2f}x-{hi:.2f}x: {_distinct(lo, hi)}); hit rate {hit[gp]:.0%} vs {top} "
+            f"{hit[top]:.0%} ({_ok(hit[gp] >= hit[top])})"]  # fmt: skip
 
 
 def ratio_interval(ours: Runs, theirs: Runs, key: str, q: float = 50,
@@ -310,6 +361,7 @@ KEY = {  # workload: (label, sample key, percentile)
     "mixed": ("long TTFT p50", "long_ttft", 50),
     "flood": ("interactive p99 under the flood", "flood", 99),
     "uneven": ("latency p99", "latency", 99),
+    "tenants": ("TTFT p90", "ttft", 90),
 }
 
 
@@ -345,6 +397,21 @@ def _footprint(res: dict[str, Any]) -> list[str]:
             f"last turn: more than one worker's cache, less than the pool's.", ""]  # fmt: skip
 
 
+def _tenants_shape(res: dict[str, Any]) -> list[str]:
+    sz, cost, kv = res.get("sizes", {}), res.get("tenant_cost") or {}, res.get("kv_tokens") or {}
+    if not cost or "tenants" not in sz:
+        return []
+    caches = [t for t in kv.values() if t]
+    one = f" (one worker's cache: {min(caches):,})" if caches else ""
+    return [f"Workload 5: {sz['tenants']} tenants with {sz['tenant_prefix_tokens']:,}-token "
+            f"prefixes, {sz['tenants'] * sz['tenant_prefix_tokens']:,} tokens together{one}; "
+            f"{sz['question_tokens']}-token questions. A request took {ms(cost['miss_s'])} ms "
+            f"on an idle worker with its prefix not cached, {ms(cost['hit_s'])} ms cached; "
+            f"arrivals (Poisson) {sz['tenants_gap_s']} s apart on average for "
+            f"{sz['tenants_s']:.0f} s: half of them cached would be {sz['tenants_load']:.0%} "
+            f"of the pool's time one at a time.", ""]  # fmt: skip
+
+
 def _calibration(res: dict[str, Any]) -> list[str]:
     sz, prefill = res.get("sizes", {}), res.get("long_prefill_s")
     if prefill is None or "mixed_long_load" not in sz:
@@ -375,6 +442,7 @@ def markdown(res: dict[str, Any]) -> str:
                "rounds' own percentile (the noise of the machine).", "",
              *_footprint(res),
              *_calibration(res),
+             *_tenants_shape(res),
              *([f"Routers renamed after the run: {res['renamed']}."] if "renamed" in res else []),
              "", "## Targets (issue 15)", "", *targets(res)]  # fmt: skip
     if any(n.startswith("gpupool@") for r in res["runs"].values() for n in r):
@@ -396,6 +464,7 @@ PLOTS = {
     "mixed": [("long TTFT p50", "long_ttft", 50), ("short TTFT p50", "short_ttft", 50)],
     "flood": [("interactive p99 idle", "idle", 99), ("interactive p99 under flood", "flood", 99)],
     "uneven": [("latency p50", "latency", 50), ("latency p99", "latency", 99)],
+    "tenants": [("TTFT p50", "ttft", 50), ("TTFT p90", "ttft", 90)],
 }
 
 
@@ -411,10 +480,19 @@ def plot(wl: str, runs: dict[str, Runs], path: Path) -> None:
     width = 0.8 / len(series)
     for i, (label, key, q) in enumerate(series):
         xs = [j + i * width for j in range(len(names))]
-        ys = [pct(pooled(runs[n], key), q) * 1e3 for n in names]
-        per_round = [[pct(r[key], q) * 1e3 for r in runs[n]] for n in names]
-        lo = [max(0.0, y - min(v)) if y == y else 0 for y, v in zip(ys, per_round, strict=True)]
-        hi = [max(0.0, max(v) - y) if y == y else 0 for y, v in zip(ys, per_round, strict=True)]
+
+        def finite(x: float) -> float:  # a never-answered percentile: no bar
+            return x if x != math.inf else math.nan
+
+        ys = [finite(pct(pooled(runs[n], key), q) * 1e3) for n in names]
+        per_round = [[finite(pct(r[key], q) * 1e3) for r in runs[n]] for n in names]
+        answered = [[x for x in v if x == x] for v in per_round]
+        lo = [
+            max(0.0, y - min(v)) if y == y and v else 0 for y, v in zip(ys, answered, strict=True)
+        ]
+        hi = [
+            max(0.0, max(v) - y) if y == y and v else 0 for y, v in zip(ys, answered, strict=True)
+        ]
         ax.bar(xs, [y if y == y else 0 for y in ys], width, label=label, yerr=[lo, hi], capsize=3)
     ax.set_xticks([j + width * (len(series) - 1) / 2 for j in range(len(names))])
     ax.set_xticklabels([n.replace(":", "\n") for n in names], fontsize=8)

@@ -37,7 +37,14 @@ import routers
 from rig import ROOT, raise_nofile
 from workloads import WORKLOADS, Ctx, Sizes
 
-QUICK = {"turns": 3, "mixed_requests": 16, "flood": 32, "interactive": 6, "uneven_requests": 16}
+QUICK = {
+    "turns": 3,
+    "mixed_requests": 16,
+    "flood": 32,
+    "interactive": 6,
+    "uneven_requests": 16,
+    "tenants_s": 25.0,
+}
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -125,6 +132,7 @@ def make_model(args: argparse.Namespace) -> None:
 
 def worker_specs(args: argparse.Namespace) -> list[pool.WorkerSpec]:
     specs = []
+    events = routers.wants_events(args.routers.split(","))
     for item in args.workers.split(","):
         name, window, cpus, *gpu = item.split(":")
         extra = args.vllm_args.split()
@@ -132,7 +140,8 @@ def worker_specs(args: argparse.Namespace) -> list[pool.WorkerSpec]:
             extra += ["--num-gpu-blocks-override", str(args.kv_blocks)]
         gpus, memory = (gpu[0], float(gpu[1])) if gpu else ("", 0.0)
         specs.append(pool.WorkerSpec(name, int(window), cpus, args.max_num_seqs,
-                                     args.batched_tokens, extra, gpus, memory))  # fmt: skip
+                                     args.batched_tokens, extra, gpus, memory,
+                                     events))  # fmt: skip
     return specs
 
 
@@ -173,6 +182,39 @@ async def calibrate(sz: Sizes, workers: list[pool.Worker]) -> float:
     print(f"  a {sz.long_tokens}-token prefill on {w.name}: {prefill * 1000:.0f} ms; workload 2's "
           f"gap {sz.mixed_gap_s} s", flush=True)  # fmt: skip
     return prefill
+
+
+async def calibrate_tenants(sz: Sizes, workers: list[pool.Worker]) -> dict[str, float]:
+    """Workload 5's pace: on the idle first worker, a tenant-shaped request's whole latency
+    with its prefix not cached and then cached (medians of three, after one to warm up); sets
+    ``tenants_gap_s`` unless ``--size tenants_gap_s`` did."""
+    from workloads import text
+
+    w = workers[0]
+    rng = random.Random("calibrate-tenants")
+    miss, hit = [], []
+    async with aiohttp.ClientSession() as s:
+        for _ in range(4):
+            prefix = text(rng, sz.tenant_prefix_tokens, sz.tokens_per_word)
+            for took in (miss, hit):
+                msgs = [{"role": "system", "content": prefix},
+                        {"role": "user", "content": text(rng, sz.question_tokens,
+                                                         sz.tokens_per_word)}]  # fmt: skip
+                body = {"model": pool.SERVED, "max_tokens": sz.tenants_max_tokens,
+                        "ignore_eos": True, "messages": msgs}  # fmt: skip
+                t0 = time.perf_counter()
+                async with s.post(w.url + "/v1/chat/completions", json=body) as r:
+                    await r.read()
+                took.append(time.perf_counter() - t0)
+    m, h = sorted(miss[1:])[1], sorted(hit[1:])[1]
+    if not sz.tenants_gap_s:
+        sz.tenants_gap_s = round((m + h) / 2 / (len(workers) * sz.tenants_load), 3)
+    print(
+        f"  a tenant's request on idle {w.name}: {m * 1000:.0f} ms prefix not cached, "
+        f"{h * 1000:.0f} ms cached; workload 5's mean gap {sz.tenants_gap_s} s",
+        flush=True,
+    )
+    return {"miss_s": m, "hit_s": h}
 
 
 async def warm(targets: list[routers.Router], workers: list[pool.Worker]) -> None:
@@ -225,6 +267,13 @@ def attach(spec: str) -> dict[str, dict[str, Any]]:
     return {k: {"port": int(v)} for k, v in (item.split("=") for item in spec.split(",") if item)}
 
 
+def attach_events(workers: list[pool.Worker], attached: dict[str, dict[str, Any]]) -> None:
+    """Attached workers publish where --serve-workers' run had them (its workers.json)."""
+    for w in workers:
+        if w.proc is None and attached[w.name].get("events"):
+            w.events = tuple(attached[w.name]["events"])  # type: ignore[assignment]
+
+
 def earlier(args: argparse.Namespace) -> dict[str, Any] | None:
     """With --resume, the run so far in --out (None: start afresh)."""
     path = args.out / "results.json"
@@ -237,7 +286,8 @@ def earlier(args: argparse.Namespace) -> dict[str, Any] | None:
 def serve(args: argparse.Namespace, workers: list[pool.Worker], kv: dict[str, Any]) -> None:
     """--serve-workers: list them in --out/workers.json, then wait for SIGTERM (a background
     job ignores SIGINT)."""
-    listing = {w.name: {"port": w.port, "kv_tokens": kv[w.name]} for w in workers}
+    listing = {w.name: {"port": w.port, "kv_tokens": kv[w.name], "events": w.events}
+               for w in workers}  # fmt: skip
     (args.out / "workers.json").write_text(json.dumps(listing))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     while True:
@@ -269,6 +319,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     attached = attach(args.attach)
     ports = {name: w["port"] for name, w in attached.items()}
     workers = pool.start(specs, args.model_dir, tmp, args.kv_gib, ports)
+    attach_events(workers, attached)
     targets: list[routers.Router] = []
     try:
         t0 = time.monotonic()
@@ -285,14 +336,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if res is None:
             sz.tokens_per_word = tokens_per_word(workers[0])
             long_prefill = asyncio.run(calibrate(sz, workers))
-        targets = routers.build(args.routers.split(","), workers, tmp, tmp, args.router_cpus)
+            tenant_cost = (asyncio.run(calibrate_tenants(sz, workers))
+                           if "tenants" in args.workloads.split(",") else {})  # fmt: skip
+        targets = routers.build(
+            args.routers.split(","), workers, tmp, tmp, args.router_cpus, args.model_dir
+        )
         for t in targets:
             t.proc.start()
         for t in targets:
             t.proc.wait_http(t.url + t.ready_path, 180)
         if res is None:
             res = fresh(args, sz, specs, targets)
-            res |= {"kv_tokens": kv, "long_prefill_s": long_prefill}
+            res |= {"kv_tokens": kv, "long_prefill_s": long_prefill, "tenant_cost": tenant_cost}
         asyncio.run(measure(args, sz, targets, workers, res))
         res["wall_s"] = res.get("wall_s", 0.0) + time.monotonic() - t0
         return res

@@ -10,6 +10,7 @@ router of one round gets the same prompts and the next round new ones (no cache 
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -58,6 +59,17 @@ class Sizes:
     hog_tokens: int = 1500
     uneven_requests: int = 24
     uneven_gap_s: float = 0.3
+    # 5: many tenants, each a long shared prefix and short questions (llm-d's shape)
+    tenants: int = 12  # with the default --kv-blocks: more prefixes than one worker's cache holds
+    tenant_prefix_tokens: int = 1500
+    question_tokens: int = 40
+    tenants_s: float = 40.0  # arrivals for this long; a request unanswered tenants_grace_s
+    tenants_grace_s: float = 30.0  # after the last arrival is cut off (no first token: inf)
+    # 0: from run.py's calibrate_tenants, so that the requests' work on the idle workers, half
+    # of them finding their prefix cached, is tenants_load of the pool's time
+    tenants_gap_s: float = 0.0
+    tenants_load: float = 1.0
+    tenants_max_tokens: int = 4  # short answers: the prefill, cached or not, is most of the work
     max_tokens: int = 16
 
 
@@ -265,10 +277,72 @@ async def uneven(ctx: Ctx, url: str) -> dict[str, Any]:
     }
 
 
+# ---- 5: many tenants with long shared prefixes (llm-d's precise-routing benchmark, small) ------
+
+
+def tenant_prefixes(sz: Sizes, seed: int) -> list[str]:
+    rng = random.Random(f"{seed}-tenants")
+    return [text(rng, sz.tenant_prefix_tokens, sz.tokens_per_word) for _ in range(sz.tenants)]
+
+
+async def tenants(ctx: Ctx, url: str) -> dict[str, Any]:
+    """Open-loop (Poisson) arrivals every ``tenants_gap_s`` on average for ``tenants_s``, each a
+    random tenant's system prompt and a new short question: the prefixes together are more than
+    one worker's KV cache holds, so where a tenant's requests go decides whether vLLM finds its
+    prefix cached. A request still without its first token ``tenants_grace_s`` after the last
+    arrival is cancelled and counts as never answered (TTFT inf)."""
+    sz = ctx.sizes
+    rng = random.Random(f"{ctx.seed}-tenant-arrivals")
+    prefixes = tenant_prefixes(sz, ctx.seed)
+    plan: list[tuple[float, int, str]] = []
+    at = 0.0
+    while at < sz.tenants_s:
+        plan.append((at, rng.randrange(sz.tenants), text(rng, sz.question_tokens,
+                                                         sz.tokens_per_word)))  # fmt: skip
+        at += rng.expovariate(1 / sz.tenants_gap_s)
+    before = pool.snapshot(ctx.workers)
+    t0 = time.perf_counter()
+    finished: list[float] = [math.inf] * len(plan)
+
+    async def one(i: int) -> Call:
+        start, tenant, question = plan[i]
+        await asyncio.sleep(max(0.0, start - (time.perf_counter() - t0)))
+        msgs = [{"role": "system", "content": prefixes[tenant]}, _user(question)]
+        call = await chat(ctx, url, msgs, sz.tenants_max_tokens)
+        finished[i] = time.perf_counter() - t0
+        return call
+
+    tasks = [asyncio.ensure_future(one(i)) for i in range(len(plan))]
+    done, pending = await asyncio.wait(tasks, timeout=sz.tenants_s + sz.tenants_grace_s)
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    await asyncio.sleep(1.0)  # the workers abort what was cancelled
+    after = pool.snapshot(ctx.workers)
+    calls = [t.result() if t in done else None for t in tasks]
+    hits = sum(pool.delta(before, after, "vllm:prefix_cache_hits_total").values())
+    queries = sum(pool.delta(before, after, "vllm:prefix_cache_queries_total").values())
+    ok = [c for c in calls if c is not None and c.status == 200]
+    in_window = [f for c, f in zip(calls, finished, strict=True)
+                 if c is not None and c.status == 200 and f <= sz.tenants_s]  # fmt: skip
+    return {
+        # every request sent: inf where no first token came (cancelled or failed)
+        "ttft": [c.ttft if c is not None and c.status == 200 else math.inf for c in calls],
+        "completed": len(ok),
+        "completed_in_window": len(in_window),
+        "sent": len(plan),
+        "errors": sum(1 for c in calls if c is not None and c.status != 200),
+        "cancelled": len(pending),
+        "hit_rate": hits / queries if queries else float("nan"),
+        "served": pool.delta(before, after, "vllm:request_success_total"),
+    }
+
+
 Workload = Callable[[Ctx, str], Awaitable[dict[str, Any]]]
 WORKLOADS: dict[str, Workload] = {
     "multi_turn": multi_turn,
     "mixed": mixed,
     "flood": flood,
     "uneven": uneven,
+    "tenants": tenants,
 }
