@@ -25,6 +25,7 @@ import orjson
 
 from gpupool.gateway.errors import GatewayError, UpstreamError
 from gpupool.gateway.metrics import Metrics
+from gpupool.gateway.pipeline.continue_completion import CompletionContinuation, cut, refused
 from gpupool.gateway.pipeline.dispatch import Dispatcher, failure_error
 from gpupool.gateway.pipeline.exchange import Exchange
 from gpupool.gateway.pipeline.kinds import Shape
@@ -97,6 +98,7 @@ class Relay:
         self.metrics = metrics
         self.worker_header = worker_header
         self.max_event_bytes = max_event_bytes
+        self.completer = CompletionContinuation(dispatcher, client, registry)
 
     def _headers(self, resp: Response, ex: Exchange) -> list[tuple[str, str]]:
         if self.worker_header:
@@ -412,18 +414,34 @@ class Relay:
         what = f"continued after {sent} tokens" if progress.parts else "sent again"
         if not await m.move(ex, cause, what):
             return None
-        plan.body = orjson.dumps(body)
+        resume = await self._open_continuation(ex, body, origin, progress)
+        if isinstance(resume, bytes):
+            m.record(ex, cause, "failed")
+            log.warning("request %s: continuation on worker %s refused: %s",
+                        plan.ctx.request_id, ex.worker, resume[:200])  # fmt: skip
+            return None
+        m.record(ex, cause, "continued" if progress.parts else "restarted", sent)
+        return resume
+
+    async def _open_continuation(
+        self, ex: Exchange, body: dict[str, Any], origin: dict[str, Any], progress: Progress
+    ) -> Resume | bytes:
+        """``body`` sent to the exchange's new worker: the rewriter of its stream, or the
+        worker's refusal. A chat answer whose text the template rewrites goes on as a
+        completion of vLLM's own rendering (``continue_completion.py``)."""
+        rewritten = progress.chat and bool(progress.parts)
+        if rewritten and cut(progress.text):
+            return await self.completer.open(ex, origin, progress)
+        ex.plan.body = orjson.dumps(body)
         try:
             data = await self.dispatcher.send(ex)
         except GatewayError as err:
             data = err.message.encode()
+        if data is not None and rewritten and refused(data):
+            return await self.completer.open(ex, origin, progress)
         if data is not None:
-            m.record(ex, cause, "failed")
-            log.warning("request %s: continuation on worker %s refused: %s",
-                        plan.ctx.request_id, ex.worker, data[:200])  # fmt: skip
-            return None
-        prompt = await self._prompt_once(ex, origin, chat) if progress.parts else None
-        m.record(ex, cause, "continued" if progress.parts else "restarted", sent)
+            return data
+        prompt = await self._prompt_once(ex, origin, progress.chat) if progress.parts else None
         return Resume(progress, prompt)
 
     async def _prompt_once(self, ex: Exchange, origin: dict[str, Any], chat: bool) -> int | None:

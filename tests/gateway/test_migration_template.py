@@ -1,0 +1,93 @@
+"""A chat answer whose text the chat template rewrites is continued as a completion (issue 36).
+
+A real `gpupool serve` in front of two fake workers (``support/template_worker.py``) whose
+template rewrites every continued final message: the first to take the stream sends part of
+the answer and dies, and the other continues it through ``/tokenize`` and ``/v1/completions``
+(``pipeline/continue_completion.py``). The client reads one chat stream with the whole answer,
+nothing repeated or lost at the cut, one id, one ``[DONE]``, usage counted once; nothing is held.
+Once the partial answer holds ``</think>`` (the gateway knows the template cuts it: no chat
+continuation is tried), once it does not (the worker's refusal sends it the completion way).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.fault_tools import MODEL, gateway_config
+from tests.support.hostile_tools import assert_nothing_held
+from tests.support.procs import Proc, free_port, gateway, running
+from tests.support.template_worker import ANSWER, FULL, render
+
+pytestmark = [pytest.mark.timeout(60)]
+
+MESSAGES = [{"role": "user", "content": "What is it?"}]
+USAGE = {"include_usage": True}
+
+
+def _worker(tmp: Path, die_after: int) -> Proc:
+    port = free_port()
+    argv = [sys.executable, "-m", "tests.support.template_worker", "--port", str(port),
+            "--model", MODEL, "--die-after", str(die_after)]  # fmt: skip
+    return Proc(argv, f"http://127.0.0.1:{port}", tmp / f"template-{port}.log")
+
+
+def _seen(p: Proc) -> list[dict[str, Any]]:
+    return list(httpx.get(p.url + "/stats", timeout=5).json()["seen"])
+
+
+def _stream(url: str, body: dict[str, Any]) -> list[dict[str, Any] | str]:
+    events: list[dict[str, Any] | str] = []
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=30) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                data = line[6:]
+                events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+@pytest.mark.parametrize("die_after", [9, 3], ids=["think-in-text", "refused"])
+def test_rewritten_chat_answer_continues_as_completion(tmp_path: Path, die_after: int) -> None:
+    a, b = _worker(tmp_path, die_after), _worker(tmp_path, die_after)
+    cfg = gateway_config([("a", a, 4), ("b", b, 4)], routing={"prefix_affinity": False})
+    gw = gateway(cfg, tmp_path)
+    with running(a, b, gw):
+        body = {"model": MODEL, "messages": MESSAGES, "stream": True, "max_tokens": 40,
+                "temperature": 0.7, "seed": 11, "stream_options": USAGE}  # fmt: skip
+        events = _stream(gw.url, body)
+        survivor = a if a.proc is not None and a.proc.poll() is None else b
+        seen = _seen(survivor)
+        assert_nothing_held(gw.url, {})
+        log = gw.logs()
+
+    objs = [e for e in events if isinstance(e, dict)]
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    assert not any("error" in o for o in objs), objs
+    text = "".join(c["delta"].get("content") or "" for o in objs for c in o["choices"])
+    assert text == FULL  # nothing lost or repeated at the cut
+    assert {o["id"] for o in objs} == {"chatcmpl-first"}
+    assert {o["object"] for o in objs} == {"chat.completion.chunk"}
+    assert sum("role" in c["delta"] for o in objs for c in o["choices"]) == 1
+    reasons = [c["finish_reason"] for o in objs for c in o["choices"] if c["finish_reason"]]
+    assert reasons == ["stop"]
+    usage = objs[-1]["usage"]
+    prompt = len(render(MESSAGES, True))
+    assert usage == {"prompt_tokens": prompt, "completion_tokens": len(ANSWER),
+                     "total_tokens": prompt + len(ANSWER)}  # fmt: skip
+
+    paths = [s["path"] for s in seen]
+    chat_tried = ["/v1/chat/completions"] if die_after == 3 else []  # refused: the 400 first
+    assert paths == [*chat_tried, "/tokenize", "/tokenize", "/v1/completions"], paths
+    sent = seen[-1]["body"]
+    partial = "".join(ANSWER[:die_after])
+    assert sent["prompt"] == [ord(c) for c in render(MESSAGES, True) + partial]
+    assert sent["max_tokens"] == 40 - die_after
+    assert (sent["seed"], sent["temperature"], sent["stream"]) == (11, 0.7, True)
+    assert "messages" not in sent and "continue_final_message" not in sent
+    assert "as a completion" in log

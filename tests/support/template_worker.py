@@ -1,0 +1,172 @@
+"""A fake vLLM whose chat template rewrites every continued final message (migration tests).
+
+Its model always answers ``ANSWER`` (piece by piece, one piece a token event), and tokenizes
+one character a token (the id: the character's code point), rendering a chat as
+``<|role|>content`` per message plus ``<|assistant|>`` for the generation prompt. It:
+
+* streams a new chat answer's first ``--die-after`` pieces, then exits (as ``kill -9``: the
+  connection breaks mid-body);
+* refuses a chat with ``continue_final_message`` with vLLM's 400 for a template that rewrote
+  the final message;
+* answers ``/tokenize`` (chat and prompt forms) and a streamed ``/v1/completions`` whose prompt
+  is token ids: the rendered chat and a prefix of ``ANSWER``, continued with the rest of it
+  (``MISMATCH`` when the ids are not such a prompt);
+* keeps every request it took, for ``GET /stats``.
+
+Run it as a process::
+
+    python -m tests.support.template_worker --port 8123 --model m --die-after 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+ANSWER = ["<think>", "Let", " me", " see", ".", "</think>", "The", " answer", " is", " forty",
+          "-two", ",", " said", " the", " worker", "."]  # fmt: skip
+FULL = "".join(ANSWER)
+REFUSAL = (
+    "continue_final_message is set but the final message does not appear in the chat after "
+    "applying the chat template! This can happen if the chat template deletes portions of the "
+    "final message."
+)
+
+
+def render(messages: list[dict[str, Any]], generation_prompt: bool) -> str:
+    out = "".join(f"<|{m['role']}|>{m['content']}" for m in messages)
+    return out + ("<|assistant|>" if generation_prompt else "")
+
+
+def rest_after(text: str) -> list[str]:
+    """The pieces of ``ANSWER`` after its prefix ``text`` (the first one cut where it is)."""
+    out, at = [], 0
+    for piece in ANSWER:
+        end = at + len(piece)
+        if end > len(text):
+            out.append(piece[max(0, len(text) - at) :])
+        at = end
+    return out
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    opts: argparse.Namespace
+    seen: list[dict[str, Any]] = []
+    lock = threading.Lock()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _json(self, status: int, body: object) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            self._json(200, {})
+        elif self.path == "/v1/models":
+            card = {"id": self.opts.model, "object": "model", "max_model_len": self.opts.window}
+            self._json(200, {"object": "list", "data": [card]})
+        elif self.path == "/stats":
+            with self.lock:
+                self._json(200, {"seen": self.seen})
+        else:
+            self._json(404, {"error": {"message": "Not Found", "code": 404}})
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length) or b"{}")
+        with self.lock:
+            self.seen.append({"path": self.path, "body": body})
+        if self.path == "/tokenize":
+            self._tokenize(body)
+        elif self.path == "/v1/chat/completions" and body.get("continue_final_message"):
+            self._json(400, {"error": {"message": REFUSAL, "type": "BadRequestError",
+                                       "param": None, "code": 400}})  # fmt: skip
+        elif self.path == "/v1/chat/completions":
+            self._chat(body)
+        elif self.path == "/v1/completions":
+            self._completion(body)
+        else:
+            self._json(404, {"error": {"message": "Not Found", "code": 404}})
+
+    def _tokenize(self, body: dict[str, Any]) -> None:
+        if "messages" in body:
+            text = render(body["messages"], body.get("add_generation_prompt", True))
+        else:
+            text = str(body["prompt"])
+        tokens = [ord(c) for c in text]
+        self._json(200, {"count": len(tokens), "max_model_len": self.opts.window,
+                         "tokens": tokens})  # fmt: skip
+
+    def _start_stream(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+    def _event(self, obj: object) -> None:
+        data = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def _chat(self, body: dict[str, Any]) -> None:
+        self._start_stream()
+        head = {"id": "chatcmpl-first", "object": "chat.completion.chunk", "created": 1,
+                "model": self.opts.model}  # fmt: skip
+        role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+        self._event({**head, "choices": [role]})
+        for piece in ANSWER[: self.opts.die_after]:
+            choice = {"index": 0, "delta": {"content": piece}, "finish_reason": None}
+            self._event({**head, "choices": [choice]})
+        os._exit(1)  # mid-body: the gateway reads a connection that broke
+
+    def _completion(self, body: dict[str, Any]) -> None:
+        ids = body["prompt"]
+        text = "".join(chr(i) for i in ids)
+        marker = "<|assistant|>"
+        partial = text.split(marker, 1)[1] if marker in text else None
+        pieces = ["MISMATCH"] if partial is None or not FULL.startswith(partial) else None
+        pieces = pieces or rest_after(partial or "")
+        limit = int(body.get("max_tokens", 16))
+        self._start_stream()
+        head = {"id": "cmpl-second", "object": "text_completion", "created": 2,
+                "model": self.opts.model}  # fmt: skip
+        sent = pieces[:limit]
+        for i, piece in enumerate(sent):
+            last = i == len(sent) - 1
+            reason = ("stop" if len(sent) == len(pieces) else "length") if last else None
+            choice = {"index": 0, "text": piece, "logprobs": None, "finish_reason": reason,
+                      "stop_reason": None}  # fmt: skip
+            self._event({**head, "choices": [choice]})
+        if (body.get("stream_options") or {}).get("include_usage"):
+            usage = {"prompt_tokens": len(ids), "total_tokens": len(ids) + len(sent),
+                     "completion_tokens": len(sent)}  # fmt: skip
+            self._event({**head, "choices": [], "usage": usage})
+        self._event(b"[DONE]")
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--model", default="m")
+    p.add_argument("--window", type=int, default=4096)
+    p.add_argument("--die-after", type=int, default=7)
+    opts = p.parse_args()
+    _Handler.opts = opts
+    ThreadingHTTPServer(("127.0.0.1", opts.port), _Handler).serve_forever()
+
+
+if __name__ == "__main__":
+    main()
