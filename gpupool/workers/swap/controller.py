@@ -24,7 +24,8 @@ from gpupool.config.models import SwapConfig, WorkerConfig
 from gpupool.config.swap import memory_share, sleeps
 from gpupool.workers.registry import Registry, Worker, WorkerState
 from gpupool.workers.swap.demand import Demand
-from gpupool.workers.swap.group import GroupSeams, Member, SwapEvents, SwapGroup
+from gpupool.workers.swap.group import SwapGroup
+from gpupool.workers.swap.member import GroupSeams, Member, SwapEvents
 from gpupool.workers.swap.memory import GIB, DeviceMemory, DeviceWatch, GpuMemory, MemoryWatch
 from gpupool.workers.swap.policy import Turns
 from gpupool.workers.swap.verify import Verification, Verifier

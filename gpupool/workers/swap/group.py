@@ -61,20 +61,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
-from typing import Protocol
+from collections.abc import Callable
+from dataclasses import replace
 
-import aiohttp
-
-from gpupool.workers.registry import SLEEP_STATES, Registry, Worker, WorkerState
-from gpupool.workers.swap import client, reading
-from gpupool.workers.swap.client import SleepCallFailed
-from gpupool.workers.swap.demand import Demand, ModelDemand
+from gpupool.workers.registry import SLEEP_STATES, Worker, WorkerState
+from gpupool.workers.swap import calls, reading
+from gpupool.workers.swap.demand import ModelDemand
+from gpupool.workers.swap.member import GroupSeams, Member, state_of
 from gpupool.workers.swap.memory import DeviceWatch, Freed
-from gpupool.workers.swap.policy import Holder, Turns, next_model
+from gpupool.workers.swap.policy import Holder, next_model
 from gpupool.workers.swap.reading import Seen
-from gpupool.workers.swap.verify import Verification, Verifier
 
 log = logging.getLogger("gpupool.swap")
 
@@ -82,54 +78,6 @@ _POLL_S = 0.05
 SWITCH_GUESS_S = 2.0  # the switch time assumed until one is measured (vLLM level 1: ~1.2 s)
 _SMOOTH = 0.3  # the weight of the newest switch in the running estimate
 _UP = (WorkerState.ready, WorkerState.failed)
-
-
-def state_of(w: Worker) -> WorkerState:
-    """``w.state`` now (it changes across awaits; a call keeps mypy from assuming otherwise)."""
-    return w.state
-
-
-class SwapEvents(Protocol):
-    def switched(self, group: str, model: str, seconds: float, waited: int) -> None:
-        """The GPU went to ``model`` after ``seconds``; ``waited`` requests were waiting."""
-        ...
-
-    def paused(self, group: str, model: str, requests: int) -> None:
-        """A switch paused ``requests`` running requests of ``model`` (``/sleep?mode=keep``)."""
-        ...
-
-
-@dataclass(slots=True)
-class Member:
-    worker: Worker
-    level: int
-    idle_s: float | None
-    launched: bool
-    slept_at: int | None = None  # the level of its current sleep (an admin may pick another)
-    next_level: int | None = None  # the level of its next sleep only (admin ``?level=``)
-    sleep_asked: bool = False  # (url:) a /sleep of ours failed: it may still be falling asleep
-    # (url:) a wake of ours failed or went unanswered: its "is_sleeping: true" is no proof (vLLM
-    # says true while any tag sleeps: a level-2 wake that failed after ``tags=weights`` leaves the
-    # weights on the GPU); only a /sleep of ours that answers (or a wake that does) clears it
-    wake_unsure: bool = False
-    verify: Verification = field(default_factory=Verification)  # its checks (``verify.py``)
-
-
-@dataclass(frozen=True, slots=True)
-class GroupSeams:
-    registry: Registry
-    session: aiohttp.ClientSession
-    demand: Demand
-    events: SwapEvents
-    restart: Callable[[str], Awaitable[None]] | None  # the supervisor's, for launched workers
-    turns: Turns
-    sleep_timeout_s: float
-    wake_timeout_s: float
-    probe_timeout_s: float = 10.0
-    tick_s: float = 0.1
-    read_s: float = 2.0  # the pace of reads of a url: holder in doubt (the health interval)
-    pause_after_s: float | None = None  # a switch pauses the holder's requests after this wait
-    verifier: Verifier | None = None  # memory freed after a sleep, canary after a level-2 wake
 
 
 class SwapGroup:
@@ -539,7 +487,7 @@ class SwapGroup:
         awake = None
         if verifier is not None:
             awake = await verifier.before_sleep(m.worker, m.verify, level)
-        error = await self._ask_sleep(m, keep=keep)
+        error = await calls.ask_sleep(self.seams, m, keep=keep)
         if error is None and verifier is not None:  # (url: members: their GPU, if known)
             error = await verifier.after_sleep(m.worker, m.verify, awake)
         if error is not None:
@@ -550,41 +498,6 @@ class SwapGroup:
         elif not m.launched and w.state not in (WorkerState.stopped, WorkerState.draining):
             self.seams.registry.transition(w, WorkerState.asleep)  # (not if drained meanwhile)
         return True
-
-    async def _ask_sleep(
-        self, m: Member, wake_first: bool = False, keep: bool = False
-    ) -> str | None:
-        """POST /sleep at its level: None once it answered, else why not. ``wake_first``: a
-        plain /wake_up before it (wakes whatever tags a failed wake left asleep, so that the
-        /sleep frees them all: vLLM's /sleep does nothing while ``weights`` sleeps)."""
-        w, seams = m.worker, self.seams
-        assert w.url is not None
-        if wake_first:
-            try:
-                await client.wake(seams.session, w.url, 1, seams.wake_timeout_s)
-            except SleepCallFailed as e:
-                return f"wake (to sleep again after a failed wake) failed: {e}"
-        level, m.next_level = m.next_level or m.level, None
-        try:
-            await client.sleep(seams.session, w.url, level, seams.sleep_timeout_s, keep)
-        except SleepCallFailed as e:
-            m.sleep_asked = not m.launched  # (a launched one is restarted)
-            return f"sleep failed: {e}"
-        m.slept_at, m.sleep_asked, m.wake_unsure = level, False, False
-        return None
-
-    async def _send_wake(self, m: Member) -> str | None:
-        """POST the wake for its sleep's level: None once it answered, else why not. A ``url:``
-        member is ``wake_unsure`` from the call until an answer (a cancelled call included)."""
-        w, seams = m.worker, self.seams
-        assert w.url is not None
-        m.wake_unsure = m.wake_unsure or not m.launched
-        try:
-            await client.wake(seams.session, w.url, m.slept_at or m.level, seams.wake_timeout_s)
-        except SleepCallFailed as e:
-            return f"wake failed: {e}"
-        m.wake_unsure = False
-        return None
 
     async def _settle(self, m: Member, sleep: bool) -> bool:
         """Read a ``url:`` holder in doubt: asleep, the GPU is free (True); awake, put it to
@@ -608,7 +521,7 @@ class SwapGroup:
             w.last_error = "a wake failed half-way; it is read again once the GPU is free"
             return False  # (not reached: such a member holds the GPU until it is settled)
         if seen.seen is Seen.awake or unsure:
-            error = await self._ask_sleep(m, wake_first=unsure)
+            error = await calls.ask_sleep(self.seams, m, wake_first=unsure)
             if error is not None:
                 log.warning("swap group %s: worker %s: %s", self.name, w.name, error)
                 w.last_error = self._waiting(m, error)
@@ -644,7 +557,7 @@ class SwapGroup:
         if w.state is WorkerState.asleep and w.url is not None:
             seams.registry.transition(w, WorkerState.waking)
             level = m.slept_at or m.level
-            error = await self._send_wake(m)
+            error = await calls.send_wake(self.seams, m)
             if error is not None:
                 await self._failed(m, error)
                 if m.launched:  # restarted: it comes up awake, as its turn goes on
@@ -672,7 +585,7 @@ class SwapGroup:
             return False
         if seen.seen is Seen.asleep:
             level = m.slept_at or m.level
-            error = await self._send_wake(m)
+            error = await calls.send_wake(self.seams, m)
             if error is not None:
                 await self._failed(m, error)
                 return False
@@ -696,7 +609,7 @@ class SwapGroup:
             await self._failed(m, f"{why}: restarted")
             await self._until(w, _UP)
             return False
-        error = await self._ask_sleep(m)
+        error = await calls.ask_sleep(self.seams, m)
         if error is not None:
             await self._failed(m, f"{why}; {error}")
             return False
