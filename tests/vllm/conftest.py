@@ -1,4 +1,11 @@
-"""One `gpupool serve` supervising two real vLLM (CPU) workers for the whole session.
+"""The real-vLLM stacks: each starts once per session, however many files use it.
+
+* ``real_stack``: one `gpupool serve` supervising two real vLLM (CPU) workers of two models.
+* ``conformance``: ``test_conformance.py``'s gateway and workers (``tiny-p`` with vLLM's parsers,
+  ``tiny`` without), shared with ``test_api_fidelity.py`` and ``test_usage_and_split.py``; they
+  only read it. The files that use it run first and together (``pytest_collection_modifyitems``
+  below), and it stops after the last test that uses it, so it never runs beside ``real_stack``
+  (each stack is two vLLM workers of about 3 GB).
 
 The vLLM virtual environment and the tiny offline models come from `make test`
 (scripts/setup_vllm.sh and scripts/make_tiny_models.py); without them these tests skip.
@@ -6,11 +13,12 @@ The vLLM virtual environment and the tiny offline models come from `make test`
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import httpx
 import pytest
@@ -101,3 +109,62 @@ def contract_sim(
             mode="lorem", max_num_seqs=4)  # fmt: skip
     with running(s):
         yield s
+
+
+T = TypeVar("T")
+
+
+class Shared(Generic[T]):
+    """A server for several test files: started by the first :meth:`get`, stopped by
+    :meth:`close` (after the last test that uses it) and started again if a later test asks."""
+
+    def __init__(self, start: Callable[[contextlib.ExitStack], T]) -> None:
+        self._start = start
+        self._exit: contextlib.ExitStack | None = None
+        self._value: T | None = None
+
+    def get(self) -> T:
+        if self._exit is None:
+            with contextlib.ExitStack() as exit_stack:
+                self._value = self._start(exit_stack)
+                self._exit = exit_stack.pop_all()
+        assert self._value is not None
+        return self._value
+
+    def close(self) -> None:
+        exit_stack, self._exit, self._value = self._exit, None, None
+        if exit_stack is not None:
+            exit_stack.close()
+
+
+CONFORMANCE = "conformance"
+_shared: dict[str, Shared[Any]] = {}
+
+
+@pytest.fixture(scope="session")
+def conformance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared[Any]]:
+    """``test_conformance.py``'s stack (its ``stack`` fixture calls ``get``)."""
+    from tests.vllm.test_conformance import start_stack
+
+    shared: Shared[Any] = Shared(lambda exit_stack: start_stack(exit_stack, tmp_path_factory))
+    _shared[CONFORMANCE] = shared
+    yield shared
+    shared.close()
+    del _shared[CONFORMANCE]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests of ``tests/vllm/`` that use the conformance stack first, in their order."""
+    here = [i for i, item in enumerate(items) if item.nodeid.startswith("tests/vllm/")]
+    mine = [items[i] for i in here]
+    mine.sort(key=lambda item: CONFORMANCE not in getattr(item, "fixturenames", ()))
+    for i, item in zip(here, mine, strict=True):
+        items[i] = item
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop the conformance stack once the next test does not use it (none later does)."""
+    shared = _shared.get(CONFORMANCE)
+    if shared is not None and CONFORMANCE not in getattr(nextitem, "fixturenames", ()):
+        shared.close()

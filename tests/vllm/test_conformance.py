@@ -21,10 +21,10 @@ how the suite was run against today's main: a main gateway in front of these sam
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -34,7 +34,7 @@ import pytest
 from pydantic import BaseModel
 
 from tests.support.procs import gateway, running
-from tests.vllm.conftest import _paths, _worker, wait_ready
+from tests.vllm.conftest import Shared, _paths, _worker, wait_ready
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -106,18 +106,25 @@ def bias() -> dict[str, int]:
     return _whitespace_bias(py, models)
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def start_stack(exit_stack: contextlib.ExitStack, tmp: pytest.TempPathFactory) -> Stack:
+    """The gateway and its two workers, stopped when ``exit_stack`` closes; or the gateway named
+    by ``GPUPOOL_CONFORMANCE_GATEWAY``."""
     if os.environ.get(ENV_GATEWAY):
-        yield _stack(os.environ[ENV_GATEWAY].rstrip("/"))
-        return
+        return _stack(os.environ[ENV_GATEWAY].rstrip("/"))
     py, models = _paths()
     if not py.exists() or not (models / "qwen3-dense" / "config.json").exists():
         pytest.skip("real vLLM not set up (run `make test`, which installs it and the models)")
-    gw = gateway(_config(py, models), tmp_path_factory.mktemp("conformance"))
-    with running(gw):
-        wait_ready(gw, timeout=420, names=("parsed", "raw"))
-        yield _stack(gw.url)
+    gw = gateway(_config(py, models), tmp.mktemp("conformance"))
+    exit_stack.enter_context(running(gw))
+    wait_ready(gw, timeout=420, names=("parsed", "raw"))
+    return _stack(gw.url)
+
+
+@pytest.fixture
+def stack(conformance: Shared[Stack]) -> Stack:
+    """One stack for this file, ``test_api_fidelity.py`` and ``test_usage_and_split.py``, which
+    only read it (``tests/vllm/conftest.py``'s ``conformance``)."""
+    return conformance.get()
 
 
 # ---- what a client sees ---------------------------------------------------------------------
