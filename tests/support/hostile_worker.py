@@ -335,10 +335,38 @@ async def early_reply(wk: Worker, req: dict[str, Any], w: Writer) -> bool:
     return True
 
 
+async def tool_call_dies(wk: Worker, req: dict[str, Any], w: Writer) -> bool:
+    """A chat stream's role, text and half a tool call (vLLM's deltas), then the connection
+    closed mid-body, as a worker killed mid-answer."""
+    return await _dies_after(w, req, [{"content": "Let me look."}, {"tool_calls": [
+        {"index": 0, "id": "call_1", "type": "function",
+         "function": {"name": "lookup", "arguments": '{"q": "wea'}}]}])  # fmt: skip
+
+
+async def reasoning_dies(wk: Worker, req: dict[str, Any], w: Writer) -> bool:
+    """A chat stream's role and reasoning (vLLM's parser's ``reasoning`` deltas), then the
+    connection closed mid-body, as a worker killed mid-thought."""
+    return await _dies_after(w, req, [{"reasoning": "First, "}, {"reasoning": "the sky"}])
+
+
+async def _dies_after(w: Writer, req: dict[str, Any], deltas: list[dict[str, Any]]) -> bool:
+    model = req.get("model")
+    events = [{"index": 0, "delta": {"role": "assistant", "content": ""}}]
+    events += [{"index": 0, "delta": d, "finish_reason": None} for d in deltas]
+    w.write(SSE_HEAD + b"".join(_chunk(_event({"id": "chatcmpl-d", "created": 1, "model": model,
+                                                "object": "chat.completion.chunk",
+                                                "choices": [c]})) for c in events))  # fmt: skip
+    await w.drain()
+    await asyncio.sleep(0.1)  # the client has them before the worker dies
+    w.close()  # as the kernel closes a killed process's sockets
+    return False
+
+
 MODES: dict[str, Mode] = {f.__name__: f for f in (
     ok, endless_head, huge_header, many_headers, endless_body, surplus, trickle, early_hints,
     huge_usage, float_usage, spaced_usage, header_zoo, gzip_body, gzip_stream, other_model,
     done_mid_json, split_bytes, no_done, silent_stream, huge_line, long_event, early_reply,
+    tool_call_dies, reasoning_dies,
 )}  # fmt: skip
 
 
