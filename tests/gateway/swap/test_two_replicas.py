@@ -215,3 +215,19 @@ def test_a_redis_restart_leaves_the_group_with_its_holder(tmp_path: Path) -> Non
             _serves_both(first)
             assert not _ready(second)
             _clean(tmp_path, first)
+
+
+def test_a_standby_stops_on_sigterm(tmp_path: Path) -> None:
+    redis = redis_server(_dir(tmp_path, "redis"))
+    with running(redis), _sims(tmp_path) as (a, b):
+        cfg = _config(a.url, b.url, redis.url, "sigterm")
+        first, second = gateway(cfg, _dir(tmp_path, "one")), gateway(cfg, _dir(tmp_path, "two"))
+        with running(first, ready_path="/ready", timeout=90), ExitStack() as stack:
+            stack.callback(second.stop)
+            second.start()
+            _standing_by(second)
+            assert second.proc is not None
+            second.proc.terminate()
+            second.proc.wait(timeout=15)  # (within a renew period or so; not timed here)
+            assert "stopped while standing by" in second.logs()
+            assert _ready(first) and ledger_of(tmp_path)["violations"] == []
