@@ -42,6 +42,9 @@ def test_markers_refusal_and_media() -> None:
     assert text_only(CHAT)
     image = {"type": "image_url", "image_url": {"url": "data:,"}}
     assert not text_only({"messages": [{"role": "user", "content": [image]}]})
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    assert not text_only({**CHAT, "tools": tools})
+    assert text_only({**CHAT, "tools": tools, "tool_choice": "none"})
 
 
 def test_completion_chunks_join_the_chat_stream() -> None:

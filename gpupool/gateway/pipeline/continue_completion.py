@@ -59,7 +59,11 @@ def refused(data: bytes) -> bool:
 
 
 def text_only(origin: Json) -> bool:
-    """Whether every message is text (token ids carry no image or audio)."""
+    """Whether the answer can go on as plain text: every message is text (token ids carry no
+    image or audio), and no tool may be called (a completion's text is not parsed into
+    ``tool_calls``)."""
+    if origin.get("tools") and origin.get("tool_choice") != "none":
+        return False
     for message in origin.get("messages") or []:
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, list) and any(
@@ -129,7 +133,7 @@ class CompletionContinuation:
         plan = ex.plan
         worker = self.registry.get(ex.worker)
         if worker is None or worker.url is None or not text_only(origin):
-            return b"no text-only prompt to render on a known worker"
+            return b"not continued as a completion: media or tools, or the worker is gone"
         rendered = await self._ids(worker.url, _render_req(origin, plan.model.name))
         answer = {"model": plan.model.name, "prompt": progress.text, "add_special_tokens": False}
         partial = await self._ids(worker.url, answer)
