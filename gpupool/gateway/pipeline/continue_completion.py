@@ -14,7 +14,9 @@ as a completion of vLLM's own rendering instead::
     its text_completion chunks ── AsChat ──▶ the client's chat.completion.chunk stream
 
 The relay takes this way at once when the text holds a marker the template is known to cut
-(``cut``), and whenever vLLM refuses the chat continuation so (``refused``). The prompt is the
+(``cut``) or the gateway splits the model's reasoning (its raw text holds ``<think>``, which no
+assistant message hands back), and whenever vLLM refuses the chat continuation so
+(``refused``). The prompt is the
 one the first worker read, token for token, except where the partial text tokenizes otherwise
 than the tokens generated (a token boundary at the cut: docs/migration.md).
 """

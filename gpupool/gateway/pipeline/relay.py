@@ -25,7 +25,12 @@ import orjson
 
 from gpupool.gateway.errors import GatewayError, UpstreamError
 from gpupool.gateway.metrics import Metrics
-from gpupool.gateway.pipeline.continue_completion import CompletionContinuation, cut, refused
+from gpupool.gateway.pipeline.continue_completion import (
+    CompletionContinuation,
+    cut,
+    refused,
+    text_only,
+)
 from gpupool.gateway.pipeline.dispatch import Dispatcher, failure_error
 from gpupool.gateway.pipeline.exchange import Exchange
 from gpupool.gateway.pipeline.kinds import Shape
@@ -396,9 +401,13 @@ class Relay:
             progress.origin = orjson.loads(plan.body)
         origin = progress.origin
         split = plan.transform is not None and plan.transform.parser is not None
+        # a gateway-side reasoning split: the raw text holds its <think>, which a chat message
+        # cannot hand back; it goes on as a completion of the rendered prompt where it can
+        as_text = split and chat and text_only(origin)
         why = None
-        if progress.begun:  # a gateway-side reasoning split: the raw text holds its <think>
-            why = refusal(origin, chat) or progress.broken or ("reasoning" if split else None)
+        if progress.begun:
+            lost = "reasoning" if split and not as_text else None
+            why = refusal(origin, chat) or progress.broken or lost
         if why is not None:
             m.record(ex, cause, "refused")
             log.warning("request %s: worker %s failed mid-answer (%s); not continued: %s",
@@ -414,7 +423,7 @@ class Relay:
         what = f"continued after {sent} tokens" if progress.parts else "sent again"
         if not await m.move(ex, cause, what):
             return None
-        resume = await self._open_continuation(ex, body, origin, progress)
+        resume = await self._open_continuation(ex, body, origin, progress, as_text)
         if isinstance(resume, bytes):
             m.record(ex, cause, "failed")
             log.warning("request %s: continuation on worker %s refused: %s",
@@ -424,13 +433,19 @@ class Relay:
         return resume
 
     async def _open_continuation(
-        self, ex: Exchange, body: dict[str, Any], origin: dict[str, Any], progress: Progress
+        self,
+        ex: Exchange,
+        body: dict[str, Any],
+        origin: dict[str, Any],
+        progress: Progress,
+        as_text: bool = False,
     ) -> Resume | bytes:
         """``body`` sent to the exchange's new worker: the rewriter of its stream, or the
-        worker's refusal. A chat answer whose text the template rewrites goes on as a
-        completion of vLLM's own rendering (``continue_completion.py``)."""
+        worker's refusal. A chat answer whose text the template rewrites, or ``as_text``
+        (its raw text holds a reasoning block), goes on as a completion of vLLM's own
+        rendering (``continue_completion.py``)."""
         rewritten = progress.chat and bool(progress.parts)
-        if rewritten and cut(progress.text):
+        if rewritten and (as_text or cut(progress.text)):
             return await self.completer.open(ex, origin, progress)
         ex.plan.body = orjson.dumps(body)
         try:
