@@ -18,7 +18,9 @@ With KV-cache events (``routing.kv_events``, ``gateway/kvroute``) the request ca
 worker whose cache is known exactly, the prompt tokens vLLM will find cached there
 (``RouteRequest.kv``). The worker holding the most then moves to the front under the same
 rules as affinity: it has a free slot and is among the least busy (``kv_events.max_lead``: how
-much busier it may be), its engine queues no more than another's; when every candidate is full
+much busier it may be; one holding most of the prompt may also be one request past them, the
+request's prefill saved and its prefix not copied into a second cache), its engine queues no
+more than another's; when every candidate is full
 the request is first in line for its next slot for ``affinity_wait_s``. When no candidate is
 known to hold any of it, today's affinity decides: it spreads the openings of conversations it
 has seen (the throughput guard's burst after its rounds piled six openings on one worker when
@@ -225,7 +227,7 @@ class Router:
             w
             for w in holders
             if w.busy_steady < self._affinity_max_load
-            and w.busy_steady - least <= self._kv_max_lead
+            and w.busy_steady - least <= self._kv_lead(w, cached[w.name], kv.tokens)
             and w.vllm_waiting <= least_waiting
         ]
         if not eligible:
@@ -233,6 +235,17 @@ class Router:
         best = max(eligible, key=lambda w: cached[w.name])
         ranked.remove(best)
         return Decision([best, *ranked])
+
+    def _kv_lead(self, w: Worker, cached: int, tokens: int) -> float:
+        """How much busier than the least busy candidate a holder may be and still lead:
+        ``kv_events.max_lead``, and at least one request (a slot of its capacity) when it holds
+        most of the prompt. Sent elsewhere, such a request costs its whole prefill there and
+        copies its prefix into a second cache, evicting other prefixes; on the holder it is
+        one more decode in the batch. One request, never more: a worker of many slots (a GPU's)
+        is barely uneven, one of few is one request ahead at most (the throughput guard)."""
+        if cached * 2 < tokens or w.capacity <= 0:
+            return self._kv_max_lead
+        return max(self._kv_max_lead, 1 / w.capacity + 1e-9)
 
     def _apply_affinity(self, req: RouteRequest, ranked: list[Worker]) -> Decision:
         if req.kv is not None:
