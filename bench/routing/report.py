@@ -266,7 +266,7 @@ def tenants_target(rs: dict[str, Runs]) -> list[str]:
         return []
     p90 = {n: pct(pooled(r, "ttft"), 90) for n, r in rs.items()}
     hit = {n: statistics.mean(x["hit_rate"] for x in r) for n, r in rs.items()}
-    others = [n for n in rs if not n.startswith(gp)]  # gpupool:precise:LEAD: our own variants
+    others = [n for n in rs if ":precise" not in n]  # precise at other leads or revisions
     if not others:
         return []
     best = min(others, key=lambda n: p90[n])
@@ -372,16 +372,18 @@ def versus_base(res: dict[str, Any]) -> list[str]:
     out = []
     for wl, (label, key, q) in KEY.items():
         runs = res["runs"].get(wl, {})
-        if "gpupool" not in runs:  # only other revisions ran: nothing to compare them with
-            continue
         for base in (n for n in runs if n.startswith("gpupool@")):
-            new, old = pct(pooled(runs["gpupool"], key), q), pct(pooled(runs[base], key), q)
+            mode = base.partition(":")[2]  # gpupool@REV:precise beside gpupool:precise
+            ours = "gpupool" + (f":{mode}" if mode else "")
+            if ours not in runs:  # only other revisions ran: nothing to compare them with
+                continue
+            new, old = pct(pooled(runs[ours], key), q), pct(pooled(runs[base], key), q)
             rounds = ", ".join(
                 f"{pct(a[key], q) / pct(b[key], q):.2f}x"
-                for a, b in zip(runs["gpupool"], runs[base], strict=False)
+                for a, b in zip(runs[ours], runs[base], strict=False)
             )
-            out.append(f"- {TABLES[wl][0]}: {label} {ms(new)} ms vs {base} {ms(old)} ms "
-                       f"({new / old:.2f}x; per round {rounds})")  # fmt: skip
+            out.append(f"- {TABLES[wl][0]}: {label} {ms(new)} ms ({ours}) vs {base} {ms(old)} "
+                       f"ms ({new / old:.2f}x; per round {rounds})")  # fmt: skip
     return out
 
 
