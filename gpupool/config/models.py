@@ -553,8 +553,8 @@ class KvEventsConfig(_Strict):
         ge=0,
         le=1,
         description="The worker with the most of a prompt cached keeps it while at most this "
-        "share of its capacity busier than the least busy candidate (0: only among the least "
-        "busy, the throughput guard's rule).",
+        "share of its capacity busier than the least busy candidate, or one request busier "
+        "when it holds most of the prompt (0: only that, the throughput guard's rule).",
     )
 
 
