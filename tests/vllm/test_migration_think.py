@@ -1,0 +1,123 @@
+"""A chat answer past ``</think>`` moves to a real vLLM worker and ends whole (issue 36).
+
+The Qwen3 template of the tiny models keeps only what follows the last ``</think>`` of an
+assistant message, so vLLM refuses to continue such a partial answer as a chat message (checked
+here first). A fake first worker (``support/template_worker.py``) streams the start of an answer
+holding ``</think>`` and dies; the gateway continues it on the real worker as a completion of
+vLLM's own rendering (``pipeline/continue_completion.py``). The client's stream is the fake's
+prefix followed by exactly the text the real worker gives, greedy, for the completion of the
+rendered prompt and that prefix: nothing repeated or lost at the cut, no error, one ``[DONE]``.
+
+One real vLLM worker (about 3 GB): run it under the machine's heavy-test lock.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.hostile_tools import assert_nothing_held
+from tests.support.procs import Proc, free_port, gateway, running
+from tests.support.template_worker import ANSWER
+from tests.vllm.conftest import BIG_WINDOW, MODEL, _paths, _worker, wait_ready
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
+
+DIE_AFTER = 9  # the fake's pieces before it dies: "<think>Let me see.</think>The answer is"
+MAX_TOKENS = 40
+MESSAGES = [{"role": "user", "content": "What is the answer?"}]
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    py, models = _paths()
+    if not py.exists() or not (models / "qwen3-dense" / "config.json").exists():
+        pytest.skip("real vLLM not set up (run `make test`, which installs it and the models)")
+    tmp = tmp_path_factory.mktemp("think")
+    port = free_port()  # the fake's window is the smaller: on equal load it is ranked first
+    argv = [sys.executable, "-m", "tests.support.template_worker", "--port", str(port),
+            "--model", MODEL, "--window", "1024", "--die-after", str(DIE_AFTER)]  # fmt: skip
+    fake = Proc(argv, f"http://127.0.0.1:{port}", tmp / "fake.log")
+    cfg = {
+        "server": {"expose_worker_header": True},
+        "models": [{"name": MODEL}],
+        "workers": [
+            {"name": "fake", "model": MODEL, "url": fake.url, "max_inflight": 4},
+            _worker("real", models / "qwen3-dense", BIG_WINDOW, py),
+        ],
+        "routing": {
+            "prefix_affinity": False,
+            "health_interval_s": 1.0,
+            "fail_threshold": 2,
+            "health_timeout_s": 30,
+        },
+    }
+    gw = gateway(cfg, tmp)
+    with running(fake, gw):
+        wait_ready(gw, timeout=600, names=("fake", "real"))
+        real = {w["name"]: w for w in httpx.get(gw.url + "/admin/workers").json()["data"]}
+        yield {"gw": gw, "fake": fake, "real": real["real"]["url"]}
+
+
+def _chat(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": messages, "temperature": 0, "seed": 5,
+            "max_tokens": MAX_TOKENS, **extra}  # fmt: skip
+
+
+def _stream(url: str) -> tuple[str | None, list[Any]]:
+    events: list[Any] = []
+    body = _chat(MESSAGES, stream=True, stream_options={"include_usage": True})
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=300) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                data = line[6:]
+                events.append(data if data == "[DONE]" else json.loads(data))
+        return r.headers.get("x-gpupool-worker"), events
+
+
+def _ids(url: str, body: dict[str, Any]) -> list[int]:
+    r = httpx.post(url + "/tokenize", json={"model": MODEL, **body}, timeout=60)
+    r.raise_for_status()
+    return list(r.json()["tokens"])
+
+
+def test_answer_past_think_continues_whole_on_real_vllm(pool: dict[str, Any]) -> None:
+    gw, real = pool["gw"], pool["real"]
+    prefix = "".join(ANSWER[:DIE_AFTER])
+    assert "</think>" in prefix
+    # the premise: vLLM refuses this partial answer as a continued chat message
+    partial = [*MESSAGES, {"role": "assistant", "content": prefix}]
+    r = httpx.post(real + "/v1/chat/completions", timeout=120, json=_chat(
+        partial, continue_final_message=True, add_generation_prompt=False))  # fmt: skip
+    assert r.status_code == 400 and "does not appear in the chat" in r.text, r.text
+
+    for _ in range(6):  # until the fake takes one (the real answers the others whole)
+        first, events = _stream(gw.url)
+        if first == "fake":
+            break
+    assert first == "fake", "the fake worker never took a request"
+    objs = [e for e in events if isinstance(e, dict)]
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    assert not any("error" in o for o in objs), objs
+    text = "".join(c["delta"].get("content") or "" for o in objs for c in o["choices"])
+    assert len({o["id"] for o in objs}) == 1
+    assert sum("role" in c["delta"] for o in objs for c in o["choices"]) == 1
+    assert any(c.get("finish_reason") for o in objs for c in o["choices"])
+
+    rendered = _ids(real, {"messages": MESSAGES, "add_generation_prompt": True})
+    ids = rendered + _ids(real, {"prompt": prefix, "add_special_tokens": False})
+    direct = httpx.post(real + "/v1/completions", timeout=300, json={
+        "model": MODEL, "prompt": ids, "temperature": 0, "seed": 5,
+        "max_tokens": MAX_TOKENS - DIE_AFTER}).json()  # fmt: skip
+    assert text == prefix + direct["choices"][0]["text"]  # nothing repeated or lost at the cut
+    usage = objs[-1]["usage"]
+    assert usage["prompt_tokens"] == len(rendered)
+    assert usage["completion_tokens"] == DIE_AFTER + direct["usage"]["completion_tokens"]
+    assert "as a completion" in gw.logs()
+    assert_nothing_held(gw.url, within_s=5)
