@@ -20,10 +20,11 @@ stops waiting and exits.
 The holder *fences* itself: a group acts (a switch, an idle sleep) only while its claim was
 renewed within ``TTL - lease_ttl_s`` (``fresh``), so a holder cut off from Redis, or frozen,
 stops acting before its claim can lapse and another replica take it. A claim found taken by
-another at a renewal (its key lapsed and a standby took it) stops this replica's groups at once
-(``on_lost``: its ``url:`` members are marked failed there, naming the other), logged as an
-error. What fencing cannot undo: a sleep or wake call already sent
-when the claim went stale. With the memory backend there is no claim (one gateway, as before).
+another at a renewal (its key lapsed and a standby took it) stops this replica's groups at once,
+every one (it releases the rest: the standby takes all or none), ``on_lost``: its ``url:``
+members are marked failed there, naming the other; logged as an error. What fencing cannot
+undo: a sleep or wake call already sent when the claim went stale. With the memory backend
+there is no claim (one gateway, as before).
 """
 
 from __future__ import annotations
@@ -195,13 +196,24 @@ class SwapLeases:
                     renewed = False
                     continue
                 if other:
-                    renewed = False
                     log.error("swap group %s: now controlled by replica %s; this one stops "
                               "controlling it", group, other)  # fmt: skip
-                    self._lost.add(group)
-                    await on_lost(group, str(other))
+                    await self._lose_all(str(other), on_lost)
+                    return
             if renewed:
                 self._renewed(t0)
+
+    async def _lose_all(self, holder: str, on_lost: Callable[[str, str], Awaitable[None]]) -> None:
+        """One group taken by another gives up every group: a standby takes all or none
+        (``claim``), so one kept here would leave it standing by, and this replica fenced
+        (never renewed whole again), with no one switching any group."""
+        self._fresh_until = 0.0  # no group acts from now on
+        with contextlib.suppress(*CONNECTION_ERRORS, RedisError):
+            await self._release([k for g, k in self.keys.items() if g not in self._lost])
+        for group in self.keys:
+            if group not in self._lost:
+                self._lost.add(group)
+                await on_lost(group, holder)
 
     async def close(self) -> None:
         if self._task is not None:
