@@ -53,7 +53,8 @@ members start one after another, each put to sleep once ready (vLLM sizes its KV
 free memory it finds), the group's first one last, so it ends awake. Then the loop: every
 ``tick_s`` the policy (``policy.py``) says whose turn it is, and an idle holder with
 ``sleep.idle_s`` is put to sleep; a step is skipped while ``fence`` says no (with Redis: this
-gateway's claim on the group may have lapsed, ``gateway/swap_lease.py``).
+gateway's claim on the group may have lapsed, ``gateway/swap_lease.py``), and a switch asks it
+again before it wakes its target (the old holder's sleep may have outlasted the claim).
 """
 
 from __future__ import annotations
@@ -410,6 +411,8 @@ class SwapGroup:
             target.worker.last_error = None
         if old is not None and old is not target and not await self._put_to_sleep(old, True):
             return False
+        if not self._may_act():
+            return False  # the sleep outlasted this gateway's claim: another may wake one now
         self.holder = target
         self._awake_since = time.monotonic()
         if not await self._wake(target, held=old is target):
