@@ -53,8 +53,9 @@ members start one after another, each put to sleep once ready (vLLM sizes its KV
 free memory it finds), the group's first one last, so it ends awake. Then the loop: every
 ``tick_s`` the policy (``policy.py``) says whose turn it is, and an idle holder with
 ``sleep.idle_s`` is put to sleep; a step is skipped while ``fence`` says no (with Redis: this
-gateway's claim on the group may have lapsed, ``gateway/swap_lease.py``), and a switch asks it
-again before it wakes its target (the old holder's sleep may have outlasted the claim).
+gateway's claim on the group may have lapsed, ``gateway/swap_lease.py``), and a switch (an
+admin's too) asks it first and again before it wakes its target (the old holder's sleep may
+have outlasted the claim).
 """
 
 from __future__ import annotations
@@ -403,6 +404,8 @@ class SwapGroup:
         old = self.holder
         if old is target and target.worker.state is WorkerState.ready:
             return True
+        if not self._may_act():
+            return False  # (an admin wake: another replica may control the group)
         blocker = self._doubter(target)
         if blocker is not None:
             target.worker.last_error = f"{self._waits_for}{blocker}: it may be awake"
@@ -432,7 +435,10 @@ class SwapGroup:
         self.switch_s = seconds if first else (1 - _SMOOTH) * self.switch_s + _SMOOTH * seconds
 
     async def put_to_sleep(self, m: Member) -> bool:
-        """Admin: put ``m`` to sleep if it holds the GPU (caller holds the lock)."""
+        """Admin: put ``m`` to sleep if it holds the GPU (caller holds the lock); not while
+        fenced (another replica may control the group: ``m`` may be its holder)."""
+        if not self._may_act():
+            return False
         if self.holder is not m:
             return m.worker.state is WorkerState.asleep
         return await self._put_to_sleep(m)

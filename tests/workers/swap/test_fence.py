@@ -79,3 +79,29 @@ async def test_a_switch_whose_claim_went_stale_meanwhile_wakes_nothing(
         assert not await group.switch_to(members[1])
     assert old_fake.calls == ["/sleep"] and new_fake.calls == []
     assert (old.state, new.state, group.holder) == (WorkerState.asleep, WorkerState.asleep, None)
+
+
+async def test_a_fenced_group_switches_nothing_when_asked_directly(
+    fakes: tuple[_Fake, _Fake],
+) -> None:
+    """An admin wake (``SwapController.wake``) switches outside the group's loop: on a replica
+    whose claim is stale or taken (``lost_group``), it neither sleeps the holder nor wakes the
+    target (the other replica controls them); nor does an admin sleep."""
+    old_fake, new_fake = fakes
+    registry = Registry()
+    old = Worker("old", "coder", url=old_fake.url, state=WorkerState.ready, swap_group="g")
+    new = Worker("new", "chat", url=new_fake.url, state=WorkerState.asleep, swap_group="g")
+    registry.add(old)
+    registry.add(new)
+    async with aiohttp.ClientSession() as session:
+        seams = GroupSeams(registry, session, Demand(), _Events(), None, Turns(), 5.0, 5.0)
+        members = [Member(old, 1, None, False), Member(new, 1, None, False)]
+        group = SwapGroup("g", members, seams)
+        group.holder = members[0]
+        group.fence = lambda: False
+        assert not await group.switch_to(members[1])
+        assert not await group.put_to_sleep(members[0])  # (an admin sleep)
+        group.holder = None  # the GPU free as far as this replica knows
+        assert not await group.switch_to(members[1])
+    assert old_fake.calls == [] and new_fake.calls == []
+    assert (old.state, new.state) == (WorkerState.ready, WorkerState.asleep)
