@@ -4,20 +4,30 @@ Two workers of the tiny dense model publish their KV-cache events (``routing.kv_
 report ``prompt_tokens_details.cached_tokens``; each holds 48 blocks of 128 tokens, less than
 the workload's tenants' prefixes together. The gateway's predicted cached tokens for every
 precisely routed request are compared with vLLM's report in ``gpupool_kv_predictions_total``.
+
+Gaps on real vLLM: a relay in the test forwards w1's events to `url:` workers a reload adds (w1's
+own server, subscribed through the relay), and drops some on command; vLLM's own replay socket
+fills the gap, or, for the one configured without it, the index is dropped and refills. The
+sleep path cannot run here (the CPU build has no sleep mode): tests/workers/sim covers it.
 """
 
 from __future__ import annotations
 
 import random
 import re
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
+import zmq
 
+from gpupool.workers.supervisor.command import kv_socket_dir
 from tests.support.procs import Proc, gateway, running
 from tests.vllm.conftest import _paths
 
@@ -164,10 +174,141 @@ def test_fallback_is_visible(kv_stack: Proc) -> None:
     """A request whose prompt is not modelled (a message's ``name``) routes approximately, and
     says why."""
     gw = kv_stack
+    _ask(gw, {"messages": [{"role": "user", "content": "hi"}]})  # precise (alone: -k fallback)
     _ask(gw, {"messages": [{"role": "user", "content": "hi", "name": "ann"}]})
     modes = _metric(gw, "gpupool_kv_routed_requests_total")
     assert any("approximate: a message other than role and text content" in k for k in modes), modes
     assert any('mode="precise"' in k for k in modes), modes
+
+
+class Relay(threading.Thread):
+    """Forwards a PUB socket's messages to its own PUB, dropping them while ``dropping``."""
+
+    def __init__(self, upstream: str, downstream: str) -> None:
+        super().__init__(daemon=True)
+        self.upstream, self.downstream = upstream, downstream
+        self.dropping = threading.Event()
+        self.forwarded = self.dropped = 0
+        self._ready, self._halt = threading.Event(), threading.Event()
+
+    def run(self) -> None:
+        ctx: zmq.Context[Any] = zmq.Context()
+        sub, pub = ctx.socket(zmq.SUB), ctx.socket(zmq.PUB)
+        try:
+            sub.setsockopt(zmq.SUBSCRIBE, b"")
+            sub.connect(self.upstream)
+            pub.bind(self.downstream)
+            self._ready.set()
+            while not self._halt.is_set():
+                if not sub.poll(50):
+                    continue
+                frames = sub.recv_multipart()
+                if self.dropping.is_set():
+                    self.dropped += 1
+                else:
+                    pub.send_multipart(frames)
+                    self.forwarded += 1
+        finally:
+            sub.close(0)
+            pub.close(0)
+            ctx.term()
+
+    def __enter__(self) -> Relay:
+        self.start()
+        assert self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._halt.set()
+        self.join(10)
+
+
+def _until(cond: Any, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.2)
+
+
+def _direct(url: str, text: str) -> None:
+    """A request straight to vLLM (around the gateway): its blocks are published all the same."""
+    body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": text}]}
+    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+
+
+def _reload(gw: Proc, cfg: dict[str, Any]) -> dict[str, Any]:
+    path = Path(gw.argv[gw.argv.index("--config") + 1])
+    path.write_text(yaml.safe_dump(cfg))
+    r = httpx.post(gw.url + "/admin/reload", timeout=300)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def test_a_gap_on_real_vllm_is_replayed_or_resynced(kv_stack: Proc) -> None:
+    """w1's events reach three `url:` workers (w1's server) through a relay: one with vLLM's
+    replay socket, one without, one with the wrong hash seed. Batches dropped on the way are a
+    gap: replayed from vLLM for the first (its index equals w1's own), a resync for the second
+    (dropped, then refilled by the next blocks), and the third is visibly approximate. A reload
+    removing them takes their indexes and series along."""
+    gw = kv_stack
+    path = Path(gw.argv[gw.argv.index("--config") + 1])
+    original = yaml.safe_load(path.read_text())
+    state = Path(original["server"]["state_dir"])
+    pub_path = next(kv_socket_dir(state).glob("w1-*.pub"))
+    replay = f"ipc://{pub_path.with_suffix('.replay')}"
+    relayed = f"ipc://{path.parent}/relay.pub"
+    w1 = _workers(gw)["w1"]
+    model_dir = next(w["launch"]["model_path"] for w in original["workers"] if w["name"] == "w1")
+
+    def relay_worker(name: str, **kv: Any) -> dict[str, Any]:
+        return {"name": name, "model": MODEL, "url": w1["url"], "max_inflight": 4,
+                "kv_events": {"endpoint": relayed, "tokenizer": model_dir, **kv}}  # fmt: skip
+
+    extra = [relay_worker("r-replay", replay_endpoint=replay, hash_seed="0"),
+             relay_worker("r-none", hash_seed="0"),
+             relay_worker("r-seed", replay_endpoint=replay, hash_seed="1")]  # fmt: skip
+    names = [w["name"] for w in extra]
+    rng = random.Random(71)
+    with Relay(f"ipc://{pub_path}", relayed) as relay:
+        try:
+            added = _reload(gw, {**original, "workers": [*original["workers"], *extra]})
+            assert added["workers"]["added"] == names, added
+            _until(lambda: all(_workers(gw)[n]["state"] == "ready" for n in names), "ready")
+            _direct(w1["url"], _prefix(rng, 300))  # the relayed workers hear w1 from here on
+            _until(lambda: _kv_of(gw, "r-replay")["blocks"] == _kv_of(gw, "w1")["blocks"] > 0,
+                   "r-replay caught up")  # fmt: skip
+            before = {n: _kv_of(gw, n) for n in ("r-replay", "r-none")}
+            relay.dropping.set()
+            _direct(w1["url"], _prefix(rng, 300))  # its batches are lost on the way
+            _until(lambda: relay.dropped > 0, "batches dropped")
+            relay.dropping.clear()
+            _direct(w1["url"], _prefix(rng, 300))  # the next batch shows the gap
+            _until(lambda: _kv_of(gw, "r-replay")["replayed"] > before["r-replay"]["replayed"],
+                   "r-replay replayed the gap")  # fmt: skip
+            _until(lambda: _kv_of(gw, "r-replay")["blocks"] == _kv_of(gw, "w1")["blocks"],
+                   "r-replay holds what w1 holds")  # fmt: skip
+            _until(lambda: _kv_of(gw, "r-none")["resyncs"] > before["r-none"]["resyncs"],
+                   "r-none resynced")  # fmt: skip
+            none = _kv_of(gw, "r-none")
+            assert none["gaps"] > before["r-none"]["gaps"], none
+            assert 0 < none["blocks"] < _kv_of(gw, "w1")["blocks"], none  # refilled: after the gap
+            assert none["precise"], none
+            seed = _kv_of(gw, "r-seed")
+            assert not seed["precise"] and "do not match" in seed["reason"], seed
+        finally:
+            _reload(gw, original)
+    workers = _workers(gw)
+    assert not set(names) & set(workers), workers
+    text = httpx.get(gw.url + "/metrics", timeout=10).text
+    left = [line for line in text.splitlines()
+            if line.startswith("gpupool_kv_") and any(f'"{n}"' in line for n in names)]  # fmt: skip
+    assert not left, left
+
+
+def _kv_of(gw: Proc, name: str) -> dict[str, Any]:
+    return dict(httpx.get(f"{gw.url}/admin/workers/{name}", timeout=10).json()["kv"])
 
 
 def test_restart_empties_the_index(kv_stack: Proc) -> None:
