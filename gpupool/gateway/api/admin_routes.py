@@ -18,7 +18,7 @@ from starlette.types import ASGIApp
 from gpupool.config.swap import no_reload
 from gpupool.gateway.api.endpoint import Endpoint, services
 from gpupool.gateway.api.responses import ReplyResponse
-from gpupool.gateway.errors import BadRequest, InvalidBody, NotFound
+from gpupool.gateway.errors import BadRequest, InvalidBody, NotFound, ServiceUnavailable
 from gpupool.gateway.kvroute.predict import KvRouting
 from gpupool.gateway.kvroute.predict import status as kv_status
 from gpupool.gateway.reload import reload_config
@@ -197,7 +197,7 @@ async def sleep(request: Request) -> ASGIApp:
     this time if given; its group may wake it again for requests waiting for its model."""
     level = _query(request, {"level": sleep_level}).get("level")
     w, svc = _worker(request), services(request)
-    swap = _swap(svc, w)
+    swap = _controlled(_swap(svc, w), w)
     wc = next((c for c in svc.cfg.workers if c.name == w.name), None)
     why = no_reload(wc) if level == 2 and wc is not None else None
     if why:
@@ -212,7 +212,7 @@ async def wake(request: Request) -> ASGIApp:
     sleep, then this one is woken)."""
     _query(request, {})
     w, svc = _worker(request), services(request)
-    swap = _swap(svc, w)
+    swap = _controlled(_swap(svc, w), w)
     await swap.wake(w.name)
     return ReplyResponse(Reply.json(200, _with_reversal(worker_status(w, swap), swap, w)))
 
@@ -234,6 +234,17 @@ def _swap(svc: Services, w: Worker) -> SwapController:
             f"Worker `{w.name}` does not use sleep mode (give it `sleep:` or a `swap_group`)."
         )
     return svc.swap
+
+
+def _controlled(swap: SwapController, w: Worker) -> SwapController:
+    """``swap``, once this replica controls ``w``'s group (an admin switch of a group another
+    replica may control would sleep its holder, or wake a second model beside it)."""
+    if not swap.controls(w.name):
+        raise ServiceUnavailable(
+            f"Swap group `{w.swap_group}` is not controlled by this gateway replica now (its "
+            "Redis claim is stale or another replica took it): ask the replica that controls it."
+        )
+    return swap
 
 
 async def reload(request: Request) -> ASGIApp:

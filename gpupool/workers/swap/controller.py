@@ -189,6 +189,15 @@ class SwapController:
 
     # -- admin ----------------------------------------------------------------------------------
 
+    def controls(self, name: str) -> bool:
+        """Whether this gateway may act on ``name``'s group now (not fenced: with Redis, its
+        claim is fresh and no other replica took it)."""
+        try:
+            group, _ = self._find(name)
+        except NotSwappable:
+            return True  # (not a member: the call says so as before)
+        return group.fence()
+
     async def sleep(self, name: str, level: int | None = None) -> bool:
         """Put ``name`` to sleep now if it holds its GPU (its running requests finish first),
         at ``level`` this time (default: its configured level). The group's policy may wake it

@@ -180,6 +180,9 @@ def test_a_frozen_holder_fences_itself_and_the_standby_takes_over(tmp_path: Path
             # the first routes nothing more to the group's workers: the second controls them
             seen = wait_states(first, {"a": "failed", "b": "failed"}, timeout=10)
             assert "is controlled by replica" in (seen["a"]["last_error"] or "")
+            # an admin switch there would sleep the second's holder or wake beside it
+            r = httpx.post(first.url + "/admin/workers/b/wake", timeout=10)
+            assert r.status_code == 503 and "not controlled by this" in r.text, r.text
             _serves_both(second)
             _clean(tmp_path, second)
 
