@@ -30,7 +30,10 @@ from tests.support.procs import gateway, redis_server, running
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 STREAMS = 200
-TOKENS = 40
+# each stream ~6 s (150 tokens, 40 ms apart): the disturbance comes once all 200 have text,
+# which beside two CPU burners took seconds; 40 tokens of 60 ms (2.4 s) let every stream on the
+# killed worker end first ("nothing moved")
+TOKENS = 150
 SLOTS = 80  # a worker's: 200 streams spread over the three, and moved ones may queue
 RSS_SLACK_MB = 60  # resident memory a round may leave behind (allocator pools, caches)
 
@@ -43,7 +46,7 @@ def _launched(name: str) -> dict[str, Any]:
         "launch": {
             "model_path": "unused",
             "command": [sys.executable, "-m", "gpupool.workers.sim"],
-            "args": {"max-num-seqs": STREAMS, "itl-ms": 60, "output-tokens": 200},
+            "args": {"max-num-seqs": STREAMS, "itl-ms": 40, "output-tokens": 200},
             "startup_timeout_s": 60,
             "backoff_initial_s": 0.2,
             "stop_timeout_s": 5,
