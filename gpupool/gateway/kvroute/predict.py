@@ -65,7 +65,10 @@ class KvRouting:
         info, src = w.cache_info, w.kv_source
         if info is None or src is None or info.block_size is None:
             return None
-        return hashing.HashSpec(info.block_size, info.hash_algo, src.seed or hashing.DEFAULT_SEED)
+        sub = self.pool.subscriber(w.name)
+        tagged = sub.salt_tagged() if sub is not None else True  # vLLM 0.26 hashes it bare
+        seed = src.seed or hashing.DEFAULT_SEED
+        return hashing.HashSpec(info.block_size, info.hash_algo, seed, tagged)
 
     def why_not(self, w: Worker) -> str:
         """Empty when ``w`` is routed precisely; else the reason it is not."""

@@ -4,7 +4,8 @@ A full block's hash is ``H((parent_hash, tuple(token_ids), extra_keys))``: the f
 parent is ``NONE_HASH = H(seed)``, where the seed is ``PYTHONHASHSEED`` when the worker's
 environment sets it and ``"vllm-none-hash"`` otherwise (for sha256; xxhash then draws a random
 seed nobody outside the worker can know). ``extra_keys`` is ``None`` unless the block carries a
-LoRA, media or a ``cache_salt`` (first block only: ``(("cache_salt", salt),)``). ``sha256`` is
+LoRA, media or a ``cache_salt`` (first block only: ``(("cache_salt", salt),)`` in vLLM 0.32,
+``(salt,)`` in 0.26: ``HashSpec.salt_tagged``, which the worker's own events tell). ``sha256`` is
 ``hashlib.sha256(pickle.dumps(x, protocol=HIGHEST_PROTOCOL))``; events carry the last 8 bytes as
 an int. Only the partial trailing block is never hashed. ``sha256_cbor`` and the xxhash family
 need libraries the gateway does not ship: workers using them are routed approximately.
@@ -28,6 +29,7 @@ class HashSpec:
     block_size: int
     algo: str = "sha256"
     seed: str = DEFAULT_SEED
+    salt_tagged: bool = True  # vLLM hashes the salt as ``("cache_salt", salt)`` (else bare)
 
 
 def _sha256(obj: Any) -> bytes:
@@ -57,9 +59,15 @@ def chain(
     return out
 
 
+def salt_keys(salt: str, tagged: bool = True) -> tuple[Any, ...]:
+    """A first block's extra keys for ``salt``: tagged with its source (vLLM 0.32) or bare
+    (vLLM 0.26 and the releases before the tags)."""
+    return (("cache_salt", salt),) if tagged else (salt,)
+
+
 def block_hashes(token_ids: list[int], spec: HashSpec, salt: str | None = None) -> list[int]:
     """The int hashes vLLM's events will name for a prompt of ``token_ids`` (full blocks)."""
     if spec.algo not in SUPPORTED_ALGOS:
         raise ValueError(f"hash algorithm {spec.algo} is not supported")
-    extra = (("cache_salt", salt),) if salt else None
+    extra = salt_keys(salt, spec.salt_tagged) if salt else None
     return [external(h) for h in chain(none_hash(spec.seed), token_ids, spec.block_size, extra)]

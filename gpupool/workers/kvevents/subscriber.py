@@ -43,6 +43,7 @@ class Check:
 
     block_size: int
     matches: bool | None
+    salt_tagged: bool | None = None  # how the salt matched (None: no salt, or no match)
 
 
 class Subscriber(threading.Thread):
@@ -183,16 +184,32 @@ class Subscriber(threading.Thread):
         self.index.stats.block_size = ev.block_size
         if ev.parent_block_hash is None and ev.lora_name is None:
             first = ev.extra_keys[0] if ev.extra_keys else None
-            self.checks.append(self._check(ev.token_ids, _salt_keys(first), hashes, ev.block_size))
+            self.checks.append(self._check(ev.token_ids, _salt(first), hashes, ev.block_size))
 
-    def _check(self, ids: list[int], extra: Any, hashes: list[int], block_size: int) -> Check:
+    def _check(
+        self, ids: list[int], salt: str | bool | None, hashes: list[int], block_size: int
+    ) -> Check:
         """Recompute a parentless chain's first blocks (here, on this thread: never on the
-        event loop) with sha256 and this worker's seed."""
-        if extra is False or block_size < 1:
+        event loop) with sha256 and this worker's seed; a salted chain both ways vLLM has
+        hashed a salt (tagged, then bare), which tells the gateway this worker's way."""
+        if salt is False or block_size < 1:
             return Check(block_size, None)
         head = ids[: VERIFY_BLOCKS * block_size]
-        mine = hashing.chain(hashing.none_hash(self.seed), head, block_size, extra)
-        return Check(block_size, [hashing.external(h) for h in mine] == hashes[: len(mine)])
+        root = hashing.none_hash(self.seed)
+        for tagged in (True, False) if isinstance(salt, str) else (True,):
+            extra = hashing.salt_keys(salt, tagged) if isinstance(salt, str) else None
+            mine = hashing.chain(root, head, block_size, extra)
+            if [hashing.external(h) for h in mine] == hashes[: len(mine)]:
+                return Check(block_size, True, tagged if isinstance(salt, str) else None)
+        return Check(block_size, False)
+
+    def salt_tagged(self) -> bool:
+        """How this worker hashes a cache salt, as its last salted chain showed (tagged, vLLM
+        0.32, until one shows otherwise)."""
+        for c in reversed(list(self.checks)):
+            if c.salt_tagged is not None:
+                return c.salt_tagged
+        return True
 
     def verify(self, spec: hashing.HashSpec) -> bool | None:
         """Whether the last parentless chains this worker stored hash as ``spec`` says: False
@@ -210,11 +227,12 @@ class Subscriber(threading.Thread):
         return verdict
 
 
-def _salt_keys(first: list[Any] | None) -> Any:
-    """The first block's extra keys, tagged as the hash takes them, when they can only be a
-    cache salt (a single string); ``False`` when they hold anything else (not checked)."""
+def _salt(first: list[Any] | None) -> str | bool | None:
+    """The first block's cache salt, when its extra keys can only be one (a single string;
+    vLLM publishes them untagged); None without extra keys; ``False`` when they hold anything
+    else (not checked)."""
     if first is None:
         return None
     if len(first) == 1 and isinstance(first[0], str):
-        return (("cache_salt", first[0]),)
+        return first[0]
     return False

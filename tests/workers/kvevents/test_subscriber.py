@@ -174,3 +174,46 @@ def test_the_seed_check_hashes_on_the_subscription_thread_only(
         sub.join()
         pub.close()
         ctx.term()
+
+
+def test_a_salted_chain_tells_how_the_worker_hashes_its_salt(tmp_path: Path) -> None:
+    """vLLM 0.26 hashes a ``cache_salt`` bare (``(salt,)``), 0.32 tagged
+    (``(("cache_salt", salt),)``); both publish it bare in ``extra_keys``. The seed check
+    tries both ways, and the predictions then hash salts the way this worker's chains did."""
+    from gpupool.workers.kvevents import hashing
+
+    src = KvSource(f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay", seed="7")
+    ids = list(range(4 * 3))
+    pub = KvPublisher(src.endpoint, src.replay, buffer_steps=50)
+    ctx: zmq.Context[Any] = zmq.Context()
+    index = BlockIndex()
+    sub = Subscriber("w", src, index, ctx, replay_timeout_s=5.0)
+    sub.start()
+
+    def salted(spec: hashing.HashSpec, salt: str) -> wire.BlockStored:
+        hashes: list[wire.Hash] = list(hashing.block_hashes(ids, spec, salt))
+        extra: list[list[Any] | None] = [[salt], *([None] * (len(hashes) - 1))]
+        return wire.BlockStored(hashes, None, ids, 4, medium="GPU", extra_keys=extra)
+
+    try:
+        _until(lambda: _hello(pub, index, parent=1))
+        assert sub.salt_tagged() is True  # vLLM 0.32's way until a chain shows otherwise
+        bare = hashing.HashSpec(block_size=4, seed="7", salt_tagged=False)
+        assert hashing.block_hashes(ids, bare, "t") != hashing.block_hashes(
+            ids, hashing.HashSpec(4, seed="7"), "t"
+        )
+        pub.publish(salted(bare, "tenant-a"))
+        _until(lambda: len(sub.checks) == 1)
+        assert sub.verify(bare) is True  # the seed is right: a 0.26 worker is not refused
+        assert sub.salt_tagged() is False
+        pub.publish(salted(hashing.HashSpec(4, seed="7"), "tenant-b"))
+        _until(lambda: len(sub.checks) == 2)
+        assert sub.salt_tagged() is True
+        pub.publish(salted(hashing.HashSpec(4, seed="other"), "tenant-c"))
+        _until(lambda: len(sub.checks) == 3)
+        assert sub.verify(bare) is False  # a wrong seed matches neither way
+    finally:
+        sub.stop()
+        sub.join()
+        pub.close()
+        ctx.term()
