@@ -91,9 +91,10 @@ async def test_random_load_never_overcommits_and_never_idles(make: Make, seed: i
     assert tally.served + tally.cancelled == n
     assert tally.served > n // 2
     assert tally.peak == CAPS  # every slot was used, none over
-    # the tolerance: a lost wake-up stalls someone for the 10 s recheck; the load itself takes
-    # well under a second quietly, so 5 s leaves a loaded machine a fivefold margin
-    assert elapsed < 5.0
+    # the tolerance: a lost wake-up stalls someone for the recheck (30 s here: the gather's
+    # 15 s bound fails first); the load itself takes well under a second quietly and took 6.6 s
+    # at load 14-20, so 9 s leaves a loaded machine its margin and still tells a stall
+    assert elapsed < 9.0
     for adm in replicas:
         assert await depth(adm) == 0
         for name in CAPS:

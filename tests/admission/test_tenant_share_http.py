@@ -58,9 +58,10 @@ def test_one_tenant_cannot_fill_the_queue_over_http(tmp_path: Path, backend: str
     }
     gw = gateway(cfg, tmp_path)
     with running(redis, worker, gw), ThreadPoolExecutor(4) as pool:
-        # takes the slot, and keeps it while two more queue and a third is refused: 4 s, where
-        # 0.8 s (the time to first token alone) ran out on a loaded machine before the refusal
-        first = pool.submit(_post, gw.url, BATCH, 4000)
+        # takes the slot, and keeps it while two more queue and a third is refused: 12 s, where
+        # 0.8 s (the time to first token alone), then 4 s, ran out on a loaded machine (load
+        # 14-20) before the second had queued
+        first = pool.submit(_post, gw.url, BATCH, 12000)
         waiting = []
         for depth in (1, 2):
             waiting.append(pool.submit(_post, gw.url, BATCH))

@@ -167,8 +167,9 @@ def test_idle_worker_sleeps_and_wakes_on_demand(tmp_path: Path) -> None:
     cfg["workers"][0]["sleep"] = {"level": 1, "idle_s": 0.5}
     with serving(cfg, tmp_path) as gw:
         wait_states(gw, {"coder-w": "asleep", "chat-w": "asleep"})  # idle: the GPU is free
-        assert _ask(sdk(gw), "coder", True)
-        assert workers(gw)["coder-w"]["state"] == "ready"
+        assert _ask(sdk(gw), "coder", True)  # answered: it woke on demand (the GPU was free)
+        # (not read back as `ready`: 0.5 s after its answer it is idle again, and on a loaded
+        # machine it was already falling asleep when asked)
         wait_states(gw, {"coder-w": "asleep"})
     _clean(tmp_path)
 

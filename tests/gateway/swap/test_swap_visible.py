@@ -91,7 +91,11 @@ def test_a_429_for_a_sleeping_model_says_when_to_retry_from_the_switch_time(
 
 
 def test_an_admin_wake_the_policy_will_undo_says_so(tmp_path: Path) -> None:
-    with serving(two_model_config(tmp_path), tmp_path) as gw, ThreadPoolExecutor(2) as pool:
+    cfg = two_model_config(tmp_path)
+    # chat-w's wake takes 3 s: the coder request that waits meanwhile is seen waiting (a 0.25 s
+    # switch let a loaded machine's polls miss it: the policy had switched back already)
+    cfg["workers"][1]["launch"]["args"]["wake-s"] = 3.0
+    with serving(cfg, tmp_path) as gw, ThreadPoolExecutor(2) as pool:
         wait_states(gw, {"coder-w": "ready", "chat-w": "asleep"})
         body = {"model": "coder", "prompt": "hi", "max_tokens": 150, "stream": True}
         started = threading.Event()
