@@ -145,7 +145,15 @@ def test_kill_9_during_a_stream(real_stack: dict[str, Any]) -> None:
         received += b"".join(chunks)
     events = [e for e in received.split(b"\n\n") if e]
     assert events[-1] == b"data: [DONE]"
-    assert b'"error"' in events[-2]
+    assert sum(e == b"data: [DONE]" for e in events) == 1
+    # Only `big` holds this prompt: the stream's migration (routing.migrations) waits for it to
+    # come back. Back within the request's wait, the stream goes on there and ends whole (seen
+    # beside two CPU burners); else the client gets the error event. Either ends cleanly.
+    errors = [e for e in events if b'"error"' in e]
+    if errors:
+        assert errors == [events[-2]], errors
+    else:
+        assert b'"finish_reason":"length"' in events[-2], events[-2][:300]
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and _worker(real_stack, "big")["restarts"] == 0:
         time.sleep(0.5)
