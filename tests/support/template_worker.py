@@ -11,6 +11,9 @@ one character a token (the id: the character's code point), rendering a chat as
 * answers ``/tokenize`` (chat and prompt forms) and a streamed ``/v1/completions`` whose prompt
   is token ids: the rendered chat and a prefix of ``ANSWER``, continued with the rest of it
   (``MISMATCH`` when the ids are not such a prompt);
+* streams a ``/v1/messages`` answer as vLLM's Anthropic adapter frames it (``message_start``,
+  one text block, a ``text_delta`` a piece) and exits after ``--die-after`` pieces likewise;
+  its chat form for ``/tokenize`` is the adapter's (system first);
 * keeps every request it took, for ``GET /stats``.
 
 Run it as a process::
@@ -38,8 +41,15 @@ REFUSAL = (
 
 
 def render(messages: list[dict[str, Any]], generation_prompt: bool) -> str:
-    out = "".join(f"<|{m['role']}|>{m['content']}" for m in messages)
+    out = "".join(f"<|{m['role']}|>{_text(m.get('content'))}" for m in messages)
     return out + ("<|assistant|>" if generation_prompt else "")
+
+
+def _text(content: object) -> str:
+    """A message's text; text parts joined by a line end, as vLLM renders them."""
+    if isinstance(content, list):
+        return "\n".join(str(p["text"]) for p in content)
+    return str(content or "")
 
 
 def rest_after(text: str) -> list[str]:
@@ -96,6 +106,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._chat(body)
         elif self.path == "/v1/completions":
             self._completion(body)
+        elif self.path == "/v1/messages":
+            self._messages(body)
         else:
             self._json(404, {"error": {"message": "Not Found", "code": 404}})
 
@@ -130,11 +142,30 @@ class _Handler(BaseHTTPRequestHandler):
             self._event({**head, "choices": [choice]})
         os._exit(1)  # mid-body: the gateway reads a connection that broke
 
+    def _anthropic(self, obj: dict[str, Any]) -> None:
+        data = b"event: %s\ndata: %s\n\n" % (obj["type"].encode(), json.dumps(obj).encode())
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def _messages(self, body: dict[str, Any]) -> None:
+        self._start_stream()
+        usage = {"input_tokens": 9, "output_tokens": 0}
+        message = {"id": "msg-first", "type": "message", "role": "assistant", "content": [],
+                   "model": self.opts.model, "stop_reason": None, "stop_sequence": None,
+                   "usage": usage}  # fmt: skip
+        self._anthropic({"type": "message_start", "message": message})
+        self._anthropic({"type": "content_block_start", "index": 0,
+                         "content_block": {"type": "text", "text": ""}})  # fmt: skip
+        for piece in ANSWER[: self.opts.die_after]:
+            delta = {"type": "text_delta", "text": piece}
+            self._anthropic({"type": "content_block_delta", "index": 0, "delta": delta})
+        os._exit(1)  # mid-body: the gateway reads a connection that broke
+
     def _completion(self, body: dict[str, Any]) -> None:
         ids = body["prompt"]
         text = "".join(chr(i) for i in ids)
         marker = "<|assistant|>"
-        partial = text.split(marker, 1)[1] if marker in text else None
+        partial = text.rsplit(marker, 1)[1] if marker in text else None
         pieces = ["MISMATCH"] if partial is None or not FULL.startswith(partial) else None
         pieces = pieces or rest_after(partial or "")
         limit = int(body.get("max_tokens", 16))

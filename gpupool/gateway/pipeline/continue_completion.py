@@ -136,9 +136,9 @@ class CompletionContinuation:
         worker = self.registry.get(ex.worker)
         if worker is None or worker.url is None or not text_only(origin):
             return b"not continued as a completion: media or tools, or the worker is gone"
-        rendered = await self._ids(worker.url, _render_req(origin, plan.model.name))
+        rendered = await self.ids(worker.url, _render_req(origin, plan.model.name))
         answer = {"model": plan.model.name, "prompt": progress.text, "add_special_tokens": False}
-        partial = await self._ids(worker.url, answer)
+        partial = await self.ids(worker.url, answer)
         if rendered is None or partial is None:
             return b"the worker's /tokenize could not render the prompt"
         ids, window = rendered[0] + partial[0], rendered[1] or worker.window or 0
@@ -159,7 +159,7 @@ class CompletionContinuation:
                     plan.ctx.request_id, ex.worker, len(rendered[0]), len(partial[0]))  # fmt: skip
         return AsChat(progress, len(rendered[0]))
 
-    async def _ids(self, url: str, req: Json) -> tuple[list[int], int | None] | None:
+    async def ids(self, url: str, req: Json) -> tuple[list[int], int | None] | None:
         """``tokens`` and ``max_model_len`` of the worker's ``/tokenize`` for ``req``."""
         try:
             resp = await self.client.open("POST", f"{url}/tokenize", orjson.dumps(req),

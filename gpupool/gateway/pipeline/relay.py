@@ -31,6 +31,7 @@ from gpupool.gateway.pipeline.continue_completion import (
     refused,
     text_only,
 )
+from gpupool.gateway.pipeline.continue_messages import MessagesMigration
 from gpupool.gateway.pipeline.dispatch import Dispatcher, failure_error
 from gpupool.gateway.pipeline.exchange import Exchange
 from gpupool.gateway.pipeline.kinds import Shape
@@ -104,6 +105,11 @@ class Relay:
         self.worker_header = worker_header
         self.max_event_bytes = max_event_bytes
         self.completer = CompletionContinuation(dispatcher, client, registry)
+        self.messages = (
+            MessagesMigration(migrator, dispatcher, self.completer, registry, max_event_bytes)
+            if migrator is not None
+            else None
+        )
 
     def _headers(self, resp: Response, ex: Exchange) -> list[tuple[str, str]]:
         if self.worker_header:
@@ -320,7 +326,7 @@ class Relay:
         line = bytearray()  # the unended line, for its usage
         last, tail = 0.0, b""
         try:
-            async for chunk in self._raw(ex):
+            async for chunk in self._source(ex):
                 now = time.monotonic()
                 if last:
                     itl.observe(now - last)
@@ -348,10 +354,19 @@ class Relay:
             held = strip.end() if strip is not None else b""
             yield held + stream_error(ex, failure_error(e, "mid-stream"))
 
+    def _source(self, ex: Exchange) -> AsyncIterator[bytes]:
+        """The stream's events as the client gets them, moves included: a Messages stream
+        that may move goes through ``continue_messages.py``, every other through ``_raw``."""
+        m, messages = self.migrator, self.messages
+        if m is not None and m.limit and messages and ex.plan.kind.shape is Shape.messages:
+            return messages.stream(ex)
+        return self._raw(ex)
+
     async def _raw(self, ex: Exchange) -> AsyncIterator[bytes]:
         """The worker's chat or completions stream as it sent it; when that worker dies and the
         request may move (``migrate.py``), the next worker's continuation, rewritten to go on as
-        the same stream (``transform/continuation.py``)."""
+        the same stream (``transform/continuation.py``; a Messages stream's,
+        ``continue_messages.py``)."""
         resp = ex.resp
         assert resp is not None
         m = self.migrator

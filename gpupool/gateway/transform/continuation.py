@@ -122,7 +122,7 @@ class Progress:
         """The whole events of what came so far, read (the end of an event not ended yet is
         held back: a client never holds half an event its stream's continuation cannot end)."""
         data = self._hold + chunk if self._hold else chunk
-        end = _events_end(data)
+        end = events_end(data)
         if not end:
             self._hold = data
             return b""
@@ -296,7 +296,7 @@ def _payload(block: bytes) -> bytes:
     return next((p for p in found if not p.startswith(b":")), b"")
 
 
-def _events_end(data: bytes) -> int:
+def events_end(data: bytes) -> int:
     """Where the last whole event of ``data`` ends (0: none ends in it)."""
     end = 0
     for sep in (b"\n\n", b"\r\n\r\n", b"\r\r"):
