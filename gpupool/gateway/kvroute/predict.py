@@ -1,8 +1,11 @@
 """Precise prefix routing's work per request: body → token ids → block hashes → cached tokens
 per worker, and what it tells the pool of placements and vLLM's answers.
 
-Tokenizing and hashing run on a small thread pool of their own (``threads``), never on the
-event loop; the index lookups after are dictionary reads. A worker is routed precisely only
+Tokenizing and hashing a long prompt run on a small thread pool of their own (``threads``);
+a short one (at most ``inline_chars`` characters of text in at most ``INLINE_MESSAGES``
+messages) runs on the event loop, where it costs tens of microseconds: less than handing it to
+a thread and waking the loop after (``bench/routing/kv_cost.py``). The index lookups after are
+dictionary reads. A worker is routed precisely only
 while everything its blocks' hashes depend on is known (``why_not``); otherwise the request
 keeps today's affinity there, and ``/admin/workers`` and the metrics say why.
 
@@ -34,7 +37,7 @@ log = logging.getLogger("gpupool.kvroute")
 class KvRouting:
     def __init__(
         self, pool: KvPool, model_dirs: dict[str, str], metrics: Metrics | None = None,
-        threads: int = 2, max_pending: int = 64,
+        threads: int = 2, max_pending: int = 64, inline_chars: int = 2048,
     ) -> None:  # fmt: skip
         self.pool = pool
         self.metrics = metrics
@@ -44,6 +47,7 @@ class KvRouting:
         self._threads = ThreadPoolExecutor(threads, thread_name_prefix="gpupool-kv")
         self._pending = 0  # prompts queued or being hashed on the threads
         self.max_pending = max_pending  # past it a request routes approximately (no queue)
+        self.inline_chars = inline_chars  # prompts this short are tokenized on the loop
         self.routed: dict[tuple[str, str], int] = {}  # (model, mode/reason) → requests
 
     @classmethod
@@ -126,15 +130,14 @@ class KvRouting:
             self._count(route.model, "approximate: no tokenizer")
             return route
         specs = {w.name: s for w in precise if (s := self.spec(w)) is not None}
-        if self._pending >= self.max_pending:  # a burst: route now rather than queue behind it
-            self._count(route.model, "approximate: tokenizer busy")
-            return route
-        loop = asyncio.get_running_loop()
-        self._pending += 1
         try:
-            ids, by_spec = await loop.run_in_executor(
-                self._threads, _hash, renderer, path, body, salt, set(specs.values())
-            )
+            if _short(path, body, self.inline_chars):
+                ids, by_spec = _hash(renderer, path, body, salt, set(specs.values()))
+            else:
+                if self._pending >= self.max_pending:  # a burst: route now, not behind it
+                    self._count(route.model, "approximate: tokenizer busy")
+                    return route
+                ids, by_spec = await self._on_threads(renderer, path, body, salt, specs)
         except NotModelled as e:
             self._count(route.model, f"approximate: {e}")
             return route
@@ -143,8 +146,6 @@ class KvRouting:
                         type(e).__name__, e)  # fmt: skip
             self._count(route.model, "approximate: tokenizing failed")
             return route
-        finally:
-            self._pending -= 1
         cached, hashes = {}, {}
         for w in precise:
             self._bound(w)
@@ -157,6 +158,19 @@ class KvRouting:
             cached[name], hashes[name] = hit * spec.block_size, blocks
         self._count(route.model, "precise")
         return replace(route, kv=KvPrediction(len(ids), cached, hashes))
+
+    async def _on_threads(
+        self, renderer: PromptRenderer, path: str, body: dict[str, Any], salt: str | None,
+        specs: dict[str, hashing.HashSpec],
+    ) -> tuple[list[int], dict[hashing.HashSpec, list[int]]]:  # fmt: skip
+        loop = asyncio.get_running_loop()
+        self._pending += 1
+        try:
+            return await loop.run_in_executor(
+                self._threads, _hash, renderer, path, body, salt, set(specs.values())
+            )
+        finally:
+            self._pending -= 1
 
     def _bound(self, w: Worker) -> None:
         """The index holds at most what the worker's cache can: its block count, as vLLM
@@ -205,6 +219,31 @@ class KvRouting:
         self._renderers[model] = result
         self._loading.pop(model, None)
         return result
+
+
+INLINE_MESSAGES = 8  # rendering costs per message too: more go to the threads
+
+
+def _short(path: str, body: dict[str, Any], limit: int) -> bool:
+    """Whether ``body``'s prompt is short enough to render and tokenize on the event loop: at
+    most ``limit`` characters of text (a token list: ids) in at most ``INLINE_MESSAGES``
+    messages. A shape this cannot read is not short (the threads say why it is not modelled)."""
+    if path == "/v1/completions":
+        prompt = body.get("prompt")
+        return isinstance(prompt, (str, list)) and len(prompt) <= limit
+    messages = body.get("messages")
+    if not isinstance(messages, list) or len(messages) > INLINE_MESSAGES:
+        return False
+    chars = 0
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list):
+            part = content[0] if len(content) == 1 else None
+            content = part.get("text") if isinstance(part, dict) else None
+        if not isinstance(content, str):
+            return False
+        chars += len(content)
+    return chars <= limit
 
 
 def _hash(

@@ -38,7 +38,8 @@ class _Routing(KvRouting):
     """Every worker known exactly; the renderer is the test's."""
 
     def __init__(self, renderer: _Renderer, max_pending: int = 64) -> None:
-        super().__init__(cast(KvPool, _NoIndex()), {}, max_pending=max_pending)
+        # every prompt to the threads, which the test's renderer holds (none is short)
+        super().__init__(cast(KvPool, _NoIndex()), {}, max_pending=max_pending, inline_chars=-1)
         self.renderer = renderer
 
     def why_not(self, w: Worker) -> str:
@@ -93,3 +94,38 @@ def test_past_max_pending_a_request_does_not_queue_for_the_threads() -> None:
     assert third.kv is None
     assert kv.routed[("m", "approximate: tokenizer busy")] == 1
     assert kv._pending == 0
+
+
+class _Where:
+    """A renderer that notes the thread each prompt was tokenized on."""
+
+    def __init__(self) -> None:
+        self.threads: list[str] = []
+
+    def prompt_ids(self, path: str, body: dict[str, Any]) -> list[int]:
+        self.threads.append(threading.current_thread().name)
+        return list(range(40))
+
+
+def test_a_short_prompt_is_tokenized_on_the_loop_a_long_one_on_the_threads() -> None:
+    renderer = _Where()
+    kv = _Routing(cast(_Renderer, renderer))
+    kv.inline_chars = 100
+    long = {"messages": [{"role": "system", "content": "x" * 101}, BODY["messages"][0]]}
+    many = {"messages": BODY["messages"] * 9}  # short text, but more messages than inline
+
+    async def three() -> list[RouteRequest]:
+        return [
+            await kv.predict(_route(), "/v1/chat/completions", b, None, [WORKER])
+            for b in (BODY, long, many)
+        ]
+
+    try:
+        outs = asyncio.run(three())
+    finally:
+        kv.close()
+    assert all(o.kv is not None and o.kv.tokens == 40 for o in outs)
+    main = threading.main_thread().name
+    assert renderer.threads[0] == main
+    assert all(t.startswith("gpupool-kv") for t in renderer.threads[1:])
+    assert kv.routed == {("m", "precise"): 3}
