@@ -1,5 +1,6 @@
 """What precise prefix routing adds to a request: ``KvRouting.predict`` (render the chat template,
-tokenize, hash the blocks on its thread pool, look up each worker's index), in process.
+tokenize, hash the blocks, on its thread pool unless the prompt is short, look up each worker's
+index), in process.
 
     .venv/bin/python bench/routing/kv_cost.py [--workers 2] [--n 200]
 
