@@ -175,7 +175,7 @@ class MessagesProgress:
         data = self._hold + chunk if self._hold else chunk
         end = events_end(data)
         self._hold, data = data[end:], data[:end]
-        for payload in self._buf.events(data) if data else []:
+        for payload in self._payloads(data):
             if payload.startswith(b"{"):
                 try:
                     obj = orjson.loads(payload)
@@ -189,6 +189,20 @@ class MessagesProgress:
         """What is held back when the stream ends (an unended last event passes as it came)."""
         rest, self._hold = self._hold, b""
         return rest
+
+    def _payloads(self, data: bytes) -> list[bytes]:
+        """The data of whole events: the adapter's framing (``event:`` then one ``data:``
+        line, LF ends) read directly, anything else through the general parser."""
+        if b"\r" in data:
+            return self._buf.events(data)
+        out = []
+        for block in data.split(b"\n\n"):
+            at = block.find(b"data: ")
+            if at >= 0 and block.find(b"\n", at) < 0 and (at == 0 or block[at - 1] == 10):
+                out.append(block[at + 6 :])
+            elif block:
+                out += self._buf.events(block + b"\n\n")
+        return out
 
     def note(self, obj: Json) -> None:
         """One event as it goes to the client."""

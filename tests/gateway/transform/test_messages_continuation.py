@@ -161,3 +161,12 @@ def test_a_worker_error_is_passed_on_and_ends_the_stream() -> None:
     r = AsMessages(_progress("Hi"), prompt=7)
     out = r.rewrite(_chunk({"error": {"message": "boom", "code": 500}}) + b"data: [DONE]\n\n")
     assert _events(out) == [{"type": "error", "error": {"type": "api_error", "message": "boom"}}]
+
+
+def test_progress_reads_other_framings() -> None:
+    p = MessagesProgress()
+    start = b'data: {"type":"message_start","message":{"id":"m"}}'
+    delta = b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a"}}'
+    p.feed(b"event: message_start\r\n" + start + b"\r\n\r\n")  # CRLF
+    p.feed(b": keep-alive\n\nevent: content_block_delta\ndata:" + delta + b"\n\n")  # no space
+    assert (p.begun, p.text) == (True, "a")
