@@ -118,7 +118,7 @@ async def latency(targets: list[Target], plan: Plan) -> dict[str, Any]:
                 lat = await loadgen.sequential(t.port, _req(t, "fast", False), plan.c1_requests)
             samples[t.name] += lat
             round_p50[t.name].append(statistics.median(lat))
-    return {
+    out: dict[str, Any] = {
         name: {
             "p50_ms": pct(s, 50) * 1e3,
             "p99_ms": pct(s, 99) * 1e3,
@@ -127,6 +127,10 @@ async def latency(targets: list[Target], plan: Plan) -> dict[str, Any]:
         }
         for name, s in samples.items()
     }
+    for t in targets:
+        if t.precise:  # how its requests were routed: a latency of approximate ones says nothing
+            out[t.name]["kv_routed"] = t.kv_routed()
+    return out
 
 
 # ---- streaming ------------------------------------------------------------------------------

@@ -218,6 +218,9 @@ def _measure(args: argparse.Namespace, plan: phases.Plan, targets: list[Target],
     if _phase("latency", args):
         _guarded("latency", res, lambda: uvloop.run(phases.latency(targets, plan)))
         report.print_latency(res.get("latency", {}))
+        for name, lat in res.get("latency", {}).items():
+            if "kv_routed" in lat:
+                print(f"  {name} requests by routing mode: {lat['kv_routed']}")
     if _phase("stream", args):
         _guarded("stream", res, lambda: uvloop.run(phases.streaming(streamers, plan)))
         report.print_stream(res.get("stream", {}))

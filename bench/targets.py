@@ -6,8 +6,11 @@ the same upstream. Peers live in their own virtual environments under ``bench/.v
 
 from __future__ import annotations
 
+import json
 import secrets
 import subprocess
+import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -33,6 +36,7 @@ class Target:
     proc: Proc | None = None  # None: the upstream itself (direct)
     ready_path: str = "/health"
     note: str = ""
+    precise: bool = False  # ready only once every worker is routed precisely (KV events)
 
     @property
     def pid(self) -> int | None:
@@ -46,6 +50,34 @@ class Target:
         if self.proc is not None:
             url = f"http://127.0.0.1:{self.port}{self.ready_path}"
             self.proc.wait_http(url, timeout, self.headers)
+        if self.precise:
+            self._wait_precise(timeout)
+
+    def _wait_precise(self, timeout: float) -> None:
+        """Until ``/admin/workers`` says every worker is routed precisely: the gateway reads
+        vLLM's cache settings from its first ``/metrics`` scrape (up to a second after start);
+        before, its requests route approximately and would measure nothing of precise routing."""
+        deadline, kv = time.monotonic() + timeout, None
+        while time.monotonic() < deadline:
+            url = f"http://127.0.0.1:{self.port}/admin/workers"
+            with urllib.request.urlopen(url, timeout=5) as r:
+                kv = [w.get("kv") or {} for w in json.load(r)["data"]]
+            if kv and all(k.get("precise") for k in kv):
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"{self.name}: workers not routed precisely: {kv}")
+
+    def kv_routed(self) -> dict[str, float]:
+        """``gpupool_kv_routed_requests_total`` by mode, from the gateway's metrics."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
+            lines = r.read().decode().splitlines()
+        out: dict[str, float] = {}
+        for line in lines:
+            if line.startswith("gpupool_kv_routed_requests_total{"):
+                labels, _, value = line.rpartition(" ")
+                mode = labels.split('mode="', 1)[1].split('"', 1)[0]
+                out[mode] = out.get(mode, 0.0) + float(value)
+        return out
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -108,6 +140,7 @@ def _gpupool(
         proc=proc,
         ready_path="/ready",
         note=f"1 process, uvloop + httptools, {queue_note}",
+        precise=precise,
     )
 
 
