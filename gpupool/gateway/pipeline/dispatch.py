@@ -168,15 +168,18 @@ class Dispatcher:
             if failure:
                 self._failed(worker.name, reason)
             self.metrics.retries.labels(worker.model, worker.name, reason.split()[0]).inc()
+        # the reason is the gateway's own words ("status 503", "worker unreachable"), never
+        # the worker's address or text: what an operator reads first when a client reports it
+        what = "its window is too small" if reason == "context_length" else reason
         if len(plan.tried) > self.routing.retries:
-            raise UpstreamError("The worker failed and retries are exhausted.")
+            raise UpstreamError(f"The worker failed ({what}) and retries are exhausted.")
         try:
             ranked = self.candidates.of(plan.route, plan.model.name)
         except GatewayError:
             ranked = []
         remaining = [w.name for w in ranked if w.name not in plan.tried and not plan.pinned]
         if not remaining:
-            raise UpstreamUnavailable("The worker failed and no other worker can take it.")
+            raise UpstreamUnavailable(f"The worker failed ({what}) and no other worker can take it.")
         plan.ticket.candidates = remaining
         plan.ticket.prefer_s = 0.0  # the failed worker may have been the one preferred
         ex.lease = await self.slots.take(plan.ticket)

@@ -4,7 +4,7 @@ only when a worker really failed (issue 27, API fidelity).
 The workers are fakes that answer each route as vLLM 0.32 does (bodies copied from a real
 worker): an OpenAI envelope on the OpenAI routes, Anthropic's ``{"type": "error", ...}`` on
 ``/v1/messages`` and its ``count_tokens``. Before the fix the gateway turned the last window's
-400 into 503 "The worker failed and no other worker can take it", which the SDKs retry twice.
+400 into 503 "The worker failed (...) and no other worker can take it", which the SDKs retry twice.
 """
 
 from __future__ import annotations
