@@ -179,7 +179,9 @@ class Dispatcher:
             ranked = []
         remaining = [w.name for w in ranked if w.name not in plan.tried and not plan.pinned]
         if not remaining:
-            raise UpstreamUnavailable(f"The worker failed ({what}) and no other worker can take it.")
+            raise UpstreamUnavailable(
+                f"The worker failed ({what}) and no other worker can take it."
+            )
         plan.ticket.candidates = remaining
         plan.ticket.prefer_s = 0.0  # the failed worker may have been the one preferred
         ex.lease = await self.slots.take(plan.ticket)
