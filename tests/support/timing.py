@@ -3,7 +3,10 @@
 A pytest plugin (loaded by ``tests/conftest.py``). ``--timing=N`` ends the run with two tables:
 the N slowest tests (setup + call + teardown, so a session fixture's start is charged to the
 first test that needs it) and the time per folder of ``tests/`` with its number of tests.
-``--timing-json=PATH`` writes every test's time, for comparing two runs.
+``--timing-json=PATH`` writes every test's time, for comparing two runs, and its CPU seconds
+(``cpu``: the test process's and the children it reaped, between this report and the last one in
+that process, so a module fixture's servers count where they stop): on 2 cores the CPU, not the
+wall, bounds how far more workers help.
 
 Under pytest-xdist the reports reach the controller, so the tables cover every worker; the
 folder times then add up to more than the wall time (workers run side by side), and the
@@ -13,6 +16,7 @@ summary line says both.
 from __future__ import annotations
 
 import json
+import resource
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -34,12 +38,16 @@ class Timing:
     def __init__(self, top: int, json_path: str | None) -> None:
         self.top, self.json_path = top, json_path
         self.seconds: dict[str, float] = defaultdict(float)
+        self.cpu: dict[str, float] = defaultdict(float)
         self.worker: dict[str, str] = {}
         self.started = time.monotonic()
 
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.seconds[report.nodeid] += report.duration
+        for name, value in report.user_properties:
+            if name == CPU_PROPERTY:
+                self.cpu[report.nodeid] += float(value)
         node = getattr(report, "node", None)  # xdist: the worker that ran it
         if node is not None:
             self.worker[report.nodeid] = str(node.gateway.id)
@@ -48,7 +56,8 @@ class Timing:
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         wall = time.monotonic() - self.started
         if self.json_path:
-            out = {"wall_s": round(wall, 1), "tests": dict(self.seconds), "worker": self.worker}
+            out = {"wall_s": round(wall, 1), "tests": dict(self.seconds), "worker": self.worker,
+                   "cpu": {k: round(v, 2) for k, v in self.cpu.items()}}  # fmt: skip
             Path(self.json_path).write_text(json.dumps(out, indent=1, sort_keys=True))
         if self.top and self.seconds:
             self._report(terminalreporter, wall)
@@ -65,7 +74,7 @@ class Timing:
         workers = len(set(self.worker.values())) or 1
         tr.write_line(
             f"{len(self.seconds)} tests, {total:.0f}s of test time on {workers} worker(s), "
-            f"{wall:.0f}s wall"
+            f"{sum(self.cpu.values()):.0f}s of CPU, {wall:.0f}s wall"
         )
 
 
@@ -84,3 +93,28 @@ def pytest_configure(config: pytest.Config) -> None:
     top, path = config.getoption("timing"), config.getoption("timing_json")
     if (top or path) and not hasattr(config, "workerinput"):  # the controller only
         config.pluginmanager.register(Timing(top, path), "gpupool-timing")
+
+
+CPU_PROPERTY = "gpupool-cpu-s"
+
+
+def _cpu_now() -> float:
+    own, reaped = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+
+
+_last_cpu = [_cpu_now()]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
+    """Put the CPU seconds since this process's last report on this one (every process: the
+    controller reads it from an xdist worker's report)."""
+    outcome = yield
+    now = _cpu_now()
+    report: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
+    report.user_properties.append((CPU_PROPERTY, round(now - _last_cpu[0], 3)))
+    _last_cpu[0] = now
