@@ -7,6 +7,8 @@ holding ``</think>`` and dies; the gateway continues it on the real worker as a 
 vLLM's own rendering (``pipeline/continue_completion.py``). The client's stream is the fake's
 prefix followed by exactly the text the real worker gives, greedy, for the completion of the
 rendered prompt and that prefix: nothing repeated or lost at the cut, no error, one ``[DONE]``.
+A ``/v1/messages`` stream likewise (``pipeline/continue_messages.py``), after checking that the
+gateway's conversion of its messages renders the prompt vLLM's Anthropic adapter generates from.
 
 One real vLLM worker (about 3 GB): run it under the machine's heavy-test lock.
 """
@@ -21,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gpupool.gateway.transform.messages_continuation import chat_messages
 from tests.support.hostile_tools import assert_nothing_held
 from tests.support.procs import Proc, free_port, gateway, running
 from tests.support.template_worker import ANSWER
@@ -120,4 +123,67 @@ def test_answer_past_think_continues_whole_on_real_vllm(pool: dict[str, Any]) ->
     assert usage["prompt_tokens"] == len(rendered)
     assert usage["completion_tokens"] == DIE_AFTER + direct["usage"]["completion_tokens"]
     assert "as a completion" in gw.logs()
+    assert_nothing_held(gw.url, within_s=5)
+
+
+PARTS = [{"type": "text", "text": "What is"}, {"type": "text", "text": "the answer?"}]
+CONVERSATION = [
+    {"role": "user", "content": "Hello."},
+    {"role": "assistant", "content": [{"type": "text", "text": "Hi."}]},
+    {"role": "user", "content": PARTS},
+]  # fmt: skip
+
+
+def _messages(**extra: Any) -> dict[str, Any]:
+    # no system prompt: the tiny model's template reads content as parts (vLLM's "openai"
+    # format) and cannot add a system message's parts to a string, through the adapter too
+    return {"model": MODEL, "messages": CONVERSATION, "temperature": 0, "max_tokens": MAX_TOKENS,
+            **extra}  # fmt: skip
+
+
+def _greedy(real: str, ids: list[int], max_tokens: int) -> dict[str, Any]:
+    body = {"model": MODEL, "prompt": ids, "temperature": 0, "max_tokens": max_tokens}
+    out: dict[str, Any] = httpx.post(real + "/v1/completions", json=body, timeout=300).json()
+    return out
+
+
+def _anthropic_stream(url: str) -> tuple[str | None, list[dict[str, Any]]]:
+    with httpx.stream("POST", url + "/v1/messages", json=_messages(stream=True), timeout=300) as r:
+        assert r.status_code == 200, r.read()
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+        return r.headers.get("x-gpupool-worker"), events
+
+
+def test_messages_stream_continues_on_real_vllm(pool: dict[str, Any]) -> None:
+    """A ``/v1/messages`` stream cut mid-answer goes on on the real worker as a completion of
+    the adapter's rendering: first, that rendering is the adapter's (its greedy answer is the
+    completion's of the converted messages, token for token); then the client's text is the
+    fake's prefix followed by exactly the real worker's greedy completion after it."""
+    gw, real = pool["gw"], pool["real"]
+    rendered = _ids(real, {"messages": chat_messages(_messages()), "add_generation_prompt": True})
+    whole = httpx.post(real + "/v1/messages", json=_messages(), timeout=300).json()
+    text = "".join(b["text"] for b in whole["content"] if b["type"] == "text")
+    assert text and text == _greedy(real, rendered, MAX_TOKENS)["choices"][0]["text"]
+
+    fake = pool["fake"]
+    if fake.proc is not None and fake.proc.poll() is not None:  # died in the chat test: again
+        fake.start()
+        wait_ready(gw, timeout=120, names=("fake", "real"))
+    for _ in range(6):  # until the fake takes one (the real answers the others whole)
+        first, events = _anthropic_stream(gw.url)
+        if first == "fake":
+            break
+    assert first == "fake", "the fake worker never took a request"
+    kinds = [e["type"] for e in events]
+    assert "error" not in kinds and kinds.count("message_stop") == 1 and kinds[-1] == "message_stop"
+    assert kinds.count("message_start") == 1 and {e["message"]["id"] for e in events[:1]}
+    got = "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")
+    prefix = "".join(ANSWER[:DIE_AFTER])
+    ids = rendered + _ids(real, {"prompt": prefix, "add_special_tokens": False})
+    direct = _greedy(real, ids, MAX_TOKENS - DIE_AFTER)
+    assert got == prefix + direct["choices"][0]["text"]  # nothing repeated or lost at the cut
+    usage = next(e["usage"] for e in events if e["type"] == "message_delta")
+    assert usage["input_tokens"] == len(rendered)
+    assert usage["output_tokens"] == DIE_AFTER + direct["usage"]["completion_tokens"]
+    assert "a /v1/messages answer" in gw.logs()
     assert_nothing_held(gw.url, within_s=5)
