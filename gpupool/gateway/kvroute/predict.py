@@ -273,7 +273,9 @@ def status(kv: KvRouting | None, w: Worker) -> dict[str, Any] | None:
 
 def observe(kv: KvRouting, route: RouteRequest, worker: str, prompt: int, reported: int) -> None:
     """vLLM answered a precisely routed request with ``reported`` cached tokens of ``prompt``:
-    how far the prediction was (``tokens_differ``: the prompt was not the one predicted)."""
+    how far the prediction was (``tokens_differ``: the prompt was not the one predicted, as a
+    migrated request's continuation; its difference says nothing of the prediction, so the
+    error histogram leaves it out)."""
     pred = route.kv
     m = kv.metrics
     if pred is None or m is None or worker not in pred.cached:
@@ -286,4 +288,5 @@ def observe(kv: KvRouting, route: RouteRequest, worker: str, prompt: int, report
     else:
         outcome = "over" if predicted > reported else "under"
     m.kv_predictions.labels(route.model, worker, outcome).inc()
-    m.kv_prediction_error.labels(route.model).observe(abs(predicted - reported))
+    if outcome != "tokens_differ":
+        m.kv_prediction_error.labels(route.model).observe(abs(predicted - reported))
