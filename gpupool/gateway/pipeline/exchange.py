@@ -84,6 +84,9 @@ class Plan:
     # not a stored response's GET/cancel (its usage is the stored one's) nor a background create
     # (answered at once, generated later)
     paced: bool = False
+    # its answer's usage is tokens used now: not a stored response read again (a GET, its
+    # events, cancel, input items), whose usage was counted, and charged, when it was made
+    counts_usage: bool = True
     migrations: int = 0  # times it moved to another worker after its answer began (migrate.py)
     migration_failed: bool = False  # counted as a failed migration once (migrate.py)
 
@@ -149,7 +152,10 @@ class Exchange:
     def note_counts(self, prompt: int, completion: int) -> None:
         """Keep the largest counts seen, each clamped to what the request could produce: a
         prompt within its worker's window per sequence, a completion within ``max_tokens`` (or
-        the window) per sequence. A worker's usage of 10^30 tokens charges the key no more."""
+        the window) per sequence. A worker's usage of 10^30 tokens charges the key no more.
+        A stored response read again counts none (``Plan.counts_usage``)."""
+        if not self.plan.counts_usage:
+            return
         most_prompt, most_completion = self._bounds()
         prompt = min(prompt, most_prompt)
         completion = min(completion, most_completion)

@@ -189,6 +189,7 @@ class StoredResponses:
         plan.method = kind.method
         plan.target = path + ("?" + query.decode("latin-1") if query else "")
         plan.pinned = True
+        plan.counts_usage = False  # its usage was counted when it was made
         if kind.method == "DELETE":
 
             async def forget(_: str) -> None:

@@ -266,6 +266,28 @@ def test_a_stored_response_streams_from_its_worker(pool: Pool) -> None:
         assert r.status_code == 404
 
 
+def _tokens(pool: Pool) -> float:
+    """Every token the gateway counted (``gpupool_tokens_total``, all kinds and workers)."""
+    text = httpx.get(pool.gw + "/metrics", headers=ADMIN_H, timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("gpupool_tokens_total{"))  # fmt: skip
+
+
+def test_reading_a_stored_response_counts_its_tokens_no_more(pool: Pool) -> None:
+    """A stored response's usage was counted when it was made: reading it back (whole, by its
+    events, its input items) counts no tokens again, as it charges its key none."""
+    made = _client(pool, A1).responses.create(model=MODEL, input="count me once")
+    before = _tokens(pool)
+    assert before >= 4  # its 3 + 1, among the module's earlier requests
+    got = httpx.get(f"{pool.gw}/v1/responses/{made.id}", headers=_k(A1), timeout=30)
+    assert got.status_code == 200 and got.json()["usage"]["input_tokens"] == 3
+    url = f"{pool.gw}/v1/responses/{made.id}?stream=true&starting_after=0"
+    with httpx.stream("GET", url, headers=_k(A1), timeout=30) as r:
+        assert r.status_code == 200 and b"response.completed" in r.read()
+    assert _client(pool, A1).responses.input_items.list(made.id).data == []
+    assert _tokens(pool) == before
+
+
 def test_another_tenant_never_reaches_a_stored_response(pool: Pool) -> None:
     made = _client(pool, A1).responses.create(model=MODEL, input="secret")
     b = _client(pool, B)
