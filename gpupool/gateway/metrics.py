@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from bisect import bisect_left
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -45,8 +46,9 @@ class HotCounter:
     """A labelled counter touched on every request: ``labels(...).inc(n)``, nothing more.
 
     ``prometheus_client``'s ``labels()`` validates and locks on every call, and its ``inc()``
-    checks and locks again; the label sets of a pool are few and fixed and these families never
-    drop a child, so the child's value is kept here behind a dict lookup and added to directly.
+    checks and locks again; the label sets of a pool are few and change only when a worker
+    leaves (``forget``), so the child's value is kept here behind a dict lookup and added to
+    directly.
     """
 
     __slots__ = ("_children", "family")
@@ -60,6 +62,10 @@ class HotCounter:
         if tally is None:
             tally = self._children[values] = _unlocked(self.family.labels(*values), "_value")
         return tally
+
+    def forget(self, *prefix: str) -> None:
+        """Drop every child whose first labels are ``prefix`` (a worker that left)."""
+        _forget(self._children, self.family, prefix)
 
 
 class _HotChild:
@@ -92,6 +98,33 @@ class HotHistogram:
         if child is None:
             child = self._children[values] = _HotChild(self.family.labels(*values))
         return child
+
+    def forget(self, *prefix: str) -> None:
+        """Drop every child whose first labels are ``prefix`` (a worker that left)."""
+        _forget(self._children, self.family, prefix)
+
+
+def _forget(children: dict[tuple[str, ...], Any], family: Counter | Histogram,
+            prefix: tuple[str, ...]) -> None:  # fmt: skip
+    for values in [v for v in children if v[: len(prefix)] == prefix]:
+        del children[values]
+        with contextlib.suppress(KeyError):
+            family.remove(*values)
+
+
+def _remove_labelled(family: Counter | Gauge, labels: dict[str, str]) -> None:
+    """Remove every child of a plain ``family`` whose labels include ``labels``: its label
+    sets read from what it exports (``collect``), as ``prometheus_client`` lists them nowhere
+    else publicly."""
+    names: tuple[str, ...] = family._labelnames
+    seen = set()
+    for metric in family.collect():
+        for sample in metric.samples:
+            if all(sample.labels.get(k) == v for k, v in labels.items()):
+                seen.add(tuple(sample.labels[n] for n in names))
+    for values in seen:
+        with contextlib.suppress(KeyError):
+            family.remove(*values)
 
 
 class Served:
@@ -341,3 +374,14 @@ class Metrics:
         for s in WORKER_STATES:
             with contextlib.suppress(KeyError):
                 self.state.remove(model, worker, s)
+        # the per-request series too: a pool whose workers come and go (DNS discovery, reloads)
+        # would otherwise keep every worker it ever had, in memory and in every scrape
+        with contextlib.suppress(KeyError):
+            self.restarts.remove(model, worker)
+        with contextlib.suppress(KeyError):
+            self.asleep_seconds.remove(model, worker)
+        self._served.pop((model, worker), None)
+        for hot in (self.requests, self.tokens, self.latency, self.ttft, self.itl):
+            hot.forget(model, worker)
+        for family in (self.errors, self.retries):
+            _remove_labelled(family, {"model": model, "worker": worker})

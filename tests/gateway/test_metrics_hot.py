@@ -90,3 +90,28 @@ def test_bundles_scrape_as_the_labelled_calls_they_replace() -> None:
     fresh = Metrics()
     fresh.served("chat", "w2").record("200", 0.1, 0, 0)
     assert not any(name == "gpupool_tokens_total" for name, _ in _samples(fresh))
+
+
+def test_a_worker_that_leaves_takes_every_series_it_had() -> None:
+    """A pool whose workers come and go (DNS discovery, reloads) keeps no series of a worker
+    it no longer has, in memory or in the scrape; one that comes back starts from zero."""
+    m = Metrics()
+    for worker in ("w1", "w2"):
+        m.served("chat", worker).record("200", 0.2, 10, 5)
+        m.ttft.labels("chat", worker).observe(0.1)
+        m.itl.labels("chat", worker).observe(0.01)
+        m.errors.labels("chat", worker, "upstream").inc()
+        m.retries.labels("chat", worker, "status").inc()
+        m.restarts.labels("chat", worker).inc()
+        m.asleep_seconds.labels("chat", worker).set(3)
+        m.worker_state("chat", worker, "ready")
+    m.forget_worker("chat", "w1")
+    left = {dict(labels).get("worker") for _, labels in _samples(m)}
+    assert "w1" not in left and "w2" in left
+    kept = (("model", "chat"), ("status", "200"), ("worker", "w2"))
+    assert _samples(m)[("gpupool_requests_total", kept)] == 1.0
+    m.served("chat", "w1").record("200", 0.2, 10, 5)  # back under the same name
+    back = (("model", "chat"), ("status", "200"), ("worker", "w1"))
+    assert _samples(m)[("gpupool_requests_total", back)] == 1.0
+    tokens = (("kind", "prompt"), ("model", "chat"), ("worker", "w1"))
+    assert _samples(m)[("gpupool_tokens_total", tokens)] == 10.0
