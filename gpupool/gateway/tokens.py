@@ -46,6 +46,14 @@ async def exact_count(
 
 async def tokenize_count(client: DataPath, worker_url: str, req: dict[str, Any]) -> int | None:
     """``count`` from the worker's ``/tokenize`` for ``req``, or None when it cannot tell."""
+    obj = await tokenize(client, worker_url, req)
+    count = obj.get("count") if obj is not None else None
+    return count if isinstance(count, int) else None
+
+
+async def tokenize(client: DataPath, worker_url: str, req: dict[str, Any]) -> dict[str, Any] | None:
+    """The worker's ``/tokenize`` answer to ``req`` (an object), or None: it failed, refused or
+    answered something else."""
     try:
         resp = await client.open(
             "POST", f"{worker_url}/tokenize", orjson.dumps(req),
@@ -57,7 +65,7 @@ async def tokenize_count(client: DataPath, worker_url: str, req: dict[str, Any])
     if resp.status != 200:
         return None
     try:
-        count = orjson.loads(data).get("count")
-    except (orjson.JSONDecodeError, AttributeError):
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
         return None
-    return count if isinstance(count, int) else None
+    return obj if isinstance(obj, dict) else None

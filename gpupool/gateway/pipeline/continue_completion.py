@@ -31,9 +31,9 @@ import orjson
 from gpupool.gateway.errors import GatewayError
 from gpupool.gateway.pipeline.dispatch import Dispatcher
 from gpupool.gateway.pipeline.exchange import Exchange
-from gpupool.gateway.tokens import tokenize_body
+from gpupool.gateway.tokens import tokenize, tokenize_body
 from gpupool.gateway.transform.continuation import Progress, Resume
-from gpupool.gateway.upstream.client import DataPath, UpstreamFailure
+from gpupool.gateway.upstream.client import DataPath
 from gpupool.workers.registry import Registry
 
 Json = dict[str, Any]
@@ -161,19 +161,10 @@ class CompletionContinuation:
 
     async def ids(self, url: str, req: Json) -> tuple[list[int], int | None] | None:
         """``tokens`` and ``max_model_len`` of the worker's ``/tokenize`` for ``req``."""
-        try:
-            resp = await self.client.open("POST", f"{url}/tokenize", orjson.dumps(req),
-                                          {"content-type": "application/json"})  # fmt: skip
-            data = await resp.read()
-        except UpstreamFailure:
+        obj = await tokenize(self.client, url, req)
+        if obj is None:
             return None
-        if resp.status != 200:
-            return None
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return None
-        tokens = obj.get("tokens") if isinstance(obj, dict) else None
+        tokens = obj.get("tokens")
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
             return None
         window = obj.get("max_model_len")
