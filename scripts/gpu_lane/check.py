@@ -36,6 +36,7 @@ import lane_dense  # noqa: E402
 import lane_gpu  # noqa: E402
 import lane_hybrid  # noqa: E402
 import lane_init  # noqa: E402
+import lane_kvsleep  # noqa: E402
 import lane_sleep  # noqa: E402
 import lane_steps  # noqa: E402
 import lane_tput  # noqa: E402
@@ -133,9 +134,17 @@ SLEEP_5090: list[Step] = [
     ("alternate", partial(lane_sleep.alternate, n=20), 40, True),
     ("stop", lane_steps.stop, 0, False),
 ]
+# issue 34: precise routing across a sleep (configs/sleep-kv-1gpu.yaml, lane_kvsleep.py): the
+# sleeping worker's index emptied, the wake's answer predicted uncached, the next one cached again
+SLEEP_KV: list[Step] = [
+    ("hardware", lane_steps.hardware, 5, False),
+    ("launch", lane_sleep.launch, 120, False),
+    ("kv_sleep", lane_kvsleep.kv_sleep, 40, True),
+    ("stop", lane_steps.stop, 0, False),
+]
 PHASES = {"dense": DENSE, "dense-kv": DENSE, "hybrid": HYBRID, "throughput": THROUGHPUT,
           "init": INIT, "sleep": SLEEP, "sleep-hybrid": SLEEP_HYBRID, "sleep-l2": SLEEP_L2,
-          "sleep-5090": SLEEP_5090}  # fmt: skip
+          "sleep-5090": SLEEP_5090, "sleep-kv": SLEEP_KV}  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -12,6 +12,7 @@
 #   bash scripts/gpu_lane/check.sh sleep-hybrid  # the hybrid MoE beside a dense 8B, one group
 #   bash scripts/gpu_lane/check.sh sleep-l2      # level 2 on real-format (random) 8B weights
 #   bash scripts/gpu_lane/check.sh sleep-5090    # seed 000's 4-bit hybrid + an 8B at a 5090's share
+#   bash scripts/gpu_lane/check.sh sleep-kv      # precise routing across a sleep (issue 34)
 #
 # Environment: OUT (where the report goes; the device tool sets it), LANE_BUDGET_S (seconds for
 # the whole command, install included; default 560), LANE_SHAPE / LANE_CONFIG to override the
@@ -31,8 +32,9 @@ case $phase in
   sleep) shape=${LANE_SHAPE:-$here/shapes/dense-8b-like}; config=${LANE_CONFIG:-$here/configs/sleep-1gpu.yaml} ;;
   sleep-hybrid) shape=${LANE_SHAPE:-$here/shapes/dense-8b-like}; config=${LANE_CONFIG:-$here/configs/sleep-hybrid-1gpu.yaml} ;;
   sleep-l2) shape=${LANE_SHAPE:-$here/shapes/dense-8b-like}; config=${LANE_CONFIG:-$here/configs/sleep-l2-1gpu.yaml} ;;
+  sleep-kv) shape=${LANE_SHAPE:-$here/shapes/dense-8b-like}; config=${LANE_CONFIG:-$here/configs/sleep-kv-1gpu.yaml} ;;
   sleep-5090) shape=${LANE_SHAPE:-$here/shapes/dense-8b-like}; config=${LANE_CONFIG:-$here/configs/sleep-5090-1gpu.yaml} ;;
-  *) echo "usage: check.sh dense|dense-kv|hybrid|throughput|init|sleep|sleep-hybrid|sleep-l2|sleep-5090" >&2; exit 2 ;;
+  *) echo "usage: check.sh dense|dense-kv|hybrid|throughput|init|sleep|sleep-hybrid|sleep-l2|sleep-5090|sleep-kv" >&2; exit 2 ;;
 esac
 if [ "${LANE_REHEARSAL:-0}" != 1 ]; then
   bash "$here/install.sh" || exit 1
