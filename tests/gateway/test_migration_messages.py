@@ -3,7 +3,7 @@
 A real `gpupool serve` in front of two fake workers (``support/template_worker.py``) that stream
 Anthropic events as vLLM's adapter frames them; the first to take the stream sends part of the
 answer and dies, and the other continues it as a completion of the adapter's rendering
-(``pipeline/continue_messages.py``). The official ``anthropic`` client reads one message: the
+(``pipeline/continue_events.py``). The official ``anthropic`` client reads one message: the
 whole text, one id, no error, one ``message_stop``, usage counted once; nothing is held. A
 request that offers tools is not continued: what the client read stays, then the error event.
 """

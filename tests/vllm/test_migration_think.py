@@ -7,7 +7,7 @@ holding ``</think>`` and dies; the gateway continues it on the real worker as a 
 vLLM's own rendering (``pipeline/continue_completion.py``). The client's stream is the fake's
 prefix followed by exactly the text the real worker gives, greedy, for the completion of the
 rendered prompt and that prefix: nothing repeated or lost at the cut, no error, one ``[DONE]``.
-A ``/v1/messages`` stream likewise (``pipeline/continue_messages.py``), after checking that the
+A ``/v1/messages`` stream likewise (``pipeline/continue_events.py``), after checking that the
 gateway's conversion of its messages renders the prompt vLLM's Anthropic adapter generates from.
 
 One real vLLM worker (about 3 GB): run it under the machine's heavy-test lock.

@@ -24,6 +24,7 @@ than the tokens generated (a token boundary at the cut: docs/migration.md).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -132,32 +133,56 @@ class CompletionContinuation:
     async def open(self, ex: Exchange, origin: Json, progress: Progress) -> AsChat | bytes:
         """Send the completion (``ex.resp`` set): its rewriter, or why not (the worker's
         answer or the gateway's words, for the caller's log)."""
+        if not text_only(origin):
+            return b"not continued as a completion: media or tools"
+
+        def body(ids: list[int], room: int) -> Json | None:
+            return completion_body(origin, ids, progress.tokens, room)
+
+        render = _render_req(origin, ex.plan.model.name)
+        why = "the chat template rewrites the partial answer"
+        prompt = await self.send(ex, render, progress.text, body, why)
+        return prompt if isinstance(prompt, bytes) else AsChat(progress, prompt)
+
+    async def send(
+        self,
+        ex: Exchange,
+        render: Json,
+        text: str,
+        body: Callable[[list[int], int], Json | None],
+        why: str,
+    ) -> int | bytes:
+        """The completion that goes on from vLLM's rendering, sent to the exchange's (new)
+        worker (``ex.resp`` set): ``render`` (a chat-form ``/tokenize`` request) rendered,
+        ``text`` (the answer so far) tokenized after it, ``body(ids, room)`` the completion's
+        body. Returns the rendered prompt's tokens, or why not (the worker's answer or the
+        gateway's words, for the caller's log); ``why``: the log line's reason."""
         plan = ex.plan
         worker = self.registry.get(ex.worker)
-        if worker is None or worker.url is None or not text_only(origin):
-            return b"not continued as a completion: media or tools, or the worker is gone"
-        rendered = await self.ids(worker.url, _render_req(origin, plan.model.name))
-        answer = {"model": plan.model.name, "prompt": progress.text, "add_special_tokens": False}
+        if worker is None or worker.url is None:
+            return b"the worker is gone"
+        rendered = await self.ids(worker.url, {"model": plan.model.name, **render})
+        answer = {"model": plan.model.name, "prompt": text, "add_special_tokens": False}
         partial = await self.ids(worker.url, answer)
         if rendered is None or partial is None:
             return b"the worker's /tokenize could not render the prompt"
         ids, window = rendered[0] + partial[0], rendered[1] or worker.window or 0
-        body = completion_body(origin, ids, progress.tokens, window - len(ids))
-        if body is None:
+        sent = body(ids, window - len(ids))
+        if sent is None:
             return b"no room left in the window"
-        plan.body, plan.target = orjson.dumps(body), "/v1/completions"
+        kept, plan.body, plan.target = plan.body, orjson.dumps(sent), "/v1/completions"
         try:
             data = await self.dispatcher.send(ex)
         except GatewayError as err:
             data = err.message.encode()
         finally:
-            plan.target = ""  # a further move continues from the chat request again
+            plan.body, plan.target = kept, ""  # a further move continues from the request
         if data is not None:
             return data
         log.warning("request %s: continued on worker %s as a completion of %d prompt and %d "
-                    "answer tokens (the chat template rewrites the partial answer)",
-                    plan.ctx.request_id, ex.worker, len(rendered[0]), len(partial[0]))  # fmt: skip
-        return AsChat(progress, len(rendered[0]))
+                    "answer tokens (%s)", plan.ctx.request_id, ex.worker, len(rendered[0]),
+                    len(partial[0]), why)  # fmt: skip
+        return len(rendered[0])
 
     async def ids(self, url: str, req: Json) -> tuple[list[int], int | None] | None:
         """``tokens`` and ``max_model_len`` of the worker's ``/tokenize`` for ``req``."""

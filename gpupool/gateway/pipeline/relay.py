@@ -31,7 +31,7 @@ from gpupool.gateway.pipeline.continue_completion import (
     refused,
     text_only,
 )
-from gpupool.gateway.pipeline.continue_messages import MessagesMigration
+from gpupool.gateway.pipeline.continue_events import EventMigration, migrating
 from gpupool.gateway.pipeline.dispatch import Dispatcher, failure_error
 from gpupool.gateway.pipeline.exchange import Exchange
 from gpupool.gateway.pipeline.kinds import Shape
@@ -59,6 +59,7 @@ from gpupool.gateway.transform.messages import (
     budget_refusal,
     transform_messages_body,
 )
+from gpupool.gateway.transform.messages_continuation import MESSAGES
 from gpupool.gateway.transform.responses import (
     ResponsesStreamTransformer,
     only_reasoning,
@@ -106,7 +107,7 @@ class Relay:
         self.max_event_bytes = max_event_bytes
         self.completer = CompletionContinuation(dispatcher, client, registry)
         self.messages = (
-            MessagesMigration(migrator, dispatcher, self.completer, registry, max_event_bytes)
+            EventMigration(MESSAGES, migrator, dispatcher, self.completer, max_event_bytes)
             if migrator is not None
             else None
         )
@@ -356,48 +357,27 @@ class Relay:
 
     def _source(self, ex: Exchange) -> AsyncIterator[bytes]:
         """The stream's events as the client gets them, moves included: a Messages stream
-        that may move goes through ``continue_messages.py``, every other through ``_raw``."""
+        that may move goes through ``continue_events.py``, every other through ``_raw``."""
         m, messages = self.migrator, self.messages
         if m is not None and m.limit and messages and ex.plan.kind.shape is Shape.messages:
             return messages.stream(ex)
         return self._raw(ex)
 
-    async def _raw(self, ex: Exchange) -> AsyncIterator[bytes]:
+    def _raw(self, ex: Exchange) -> AsyncIterator[bytes]:
         """The worker's chat or completions stream as it sent it; when that worker dies and the
         request may move (``migrate.py``), the next worker's continuation, rewritten to go on as
-        the same stream (``transform/continuation.py``; a Messages stream's,
-        ``continue_messages.py``)."""
+        the same stream (``transform/continuation.py``, the loop ``continue_events.py``)."""
         resp = ex.resp
         assert resp is not None
         m = self.migrator
         if m is None or not m.limit or not ex.plan.kind.usage_option:
-            async for chunk in resp.iter_raw():
-                yield chunk
-            return
+            return resp.iter_raw()
         progress = Progress(ex.plan.kind.shape is Shape.chat)
-        resume: Resume | None = None
-        while True:
-            try:
-                async for chunk in resp.iter_raw():
-                    out = progress.feed(chunk) if resume is None else resume.rewrite(chunk)
-                    if max(progress.pending(), resume.pending() if resume else 0) > (
-                        self.max_event_bytes
-                    ):
-                        raise self._over_event()
-                    yield out
-                yield progress.rest()
-                return
-            except UpstreamFailure as e:
-                moved = await self._continue(ex, e, progress)
-                if moved is None:
-                    raise
-                progress.rest()  # the dead worker's unended event: the client never gets it
-                if isinstance(moved, bytes):
-                    yield moved  # every token had gone out: the stream's end
-                    return
-                resume = moved
-                resp = ex.resp
-                assert resp is not None
+
+        async def go_on(ex: Exchange, e: UpstreamFailure) -> Resume | bytes | None:
+            return await self._continue(ex, e, progress)
+
+        return migrating(ex, progress, go_on, self.max_event_bytes)
 
     async def _continue(
         self, ex: Exchange, e: UpstreamFailure, progress: Progress

@@ -27,6 +27,7 @@ from typing import Any
 
 import orjson
 
+from gpupool.gateway.transform.reframe import StreamProgress
 from gpupool.gateway.transform.sse import EventBuffer
 
 Json = dict[str, Any]
@@ -89,69 +90,18 @@ def _content(message: object) -> object:
     return message.get("content") if isinstance(message, dict) else None
 
 
-class Progress:
+class Progress(StreamProgress):
     """What a chat or completions stream has given its client so far (choice 0: ``n`` > 1 is
-    never continued). ``broken`` names what makes the rest impossible to continue exactly (a
-    tool call or reasoning streamed); ``finished``: the finish reason went out. ``origin``:
-    the request as its first worker got it, once a move needed it."""
+    never continued): the text (the model's own, before any reasoning split) and the ids every
+    chunk carries. ``broken``: a tool call or reasoning streamed; ``finished``: the finish
+    reason went out."""
 
-    __slots__ = ("_buf", "_hold", "begun", "broken", "chat", "finished", "ids", "origin",
-                 "parts", "tokens")  # fmt: skip
+    __slots__ = ("chat", "ids")
 
     def __init__(self, chat: bool) -> None:
+        super().__init__()
         self.chat = chat
-        self._buf = EventBuffer()
-        self._hold = b""
-        self.parts: list[str] = []
-        self.tokens = 0
-        self.begun = False  # an event with data went out: a restart would repeat it
-        self.broken: str | None = None
-        self.finished = False
         self.ids: Json = {}
-        self.origin: Json | None = None
-
-    @property
-    def text(self) -> str:
-        return "".join(self.parts)
-
-    def pending(self) -> int:
-        """Bytes of an event not ended yet, held back (the caller bounds them)."""
-        return len(self._hold)
-
-    def feed(self, chunk: bytes) -> bytes:
-        """The whole events of what came so far, read (the end of an event not ended yet is
-        held back: a client never holds half an event its stream's continuation cannot end)."""
-        data = self._hold + chunk if self._hold else chunk
-        end = events_end(data)
-        if not end:
-            self._hold = data
-            return b""
-        self._hold, data = data[end:], data[:end]
-        # vLLM's framing (``data: {json}`` blocks, LF ends) read directly; anything else
-        # (CR line ends, several data lines to an event) through the general parser
-        if b"\r" in data:
-            payloads = self._buf.events(data)
-        else:
-            payloads = [
-                b[6:] if b.startswith(b"data: ") and b"\n" not in b else _payload(b)
-                for b in data.split(b"\n\n")
-                if b
-            ]
-        for payload in payloads:
-            if not payload.startswith(b"{"):
-                continue
-            try:
-                obj = orjson.loads(payload)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(obj, dict):
-                self.note(obj)
-        return data
-
-    def rest(self) -> bytes:
-        """What is held back when the stream ends (an unended last event passes as it came)."""
-        rest, self._hold = self._hold, b""
-        return rest
 
     def note(self, obj: Json) -> None:
         """One chunk object as it goes to the client."""
@@ -288,22 +238,6 @@ class Resume:
             cached = min(details["cached_tokens"], prompt)
             out["prompt_tokens_details"] = {**details, "cached_tokens": cached}
         return out
-
-
-def _payload(block: bytes) -> bytes:
-    """The data of one SSE block that is not a single ``data: `` line (b"" when none)."""
-    found = EventBuffer().events(block + b"\n\n")
-    return next((p for p in found if not p.startswith(b":")), b"")
-
-
-def events_end(data: bytes) -> int:
-    """Where the last whole event of ``data`` ends (0: none ends in it)."""
-    end = 0
-    for sep in (b"\n\n", b"\r\n\r\n", b"\r\r"):
-        at = data.rfind(sep)
-        if at >= 0:
-            end = max(end, at + len(sep))
-    return end
 
 
 def _carries(choices: list[Any]) -> bool:

@@ -33,8 +33,7 @@ from typing import Any
 
 import orjson
 
-from gpupool.gateway.transform.continuation import events_end
-from gpupool.gateway.transform.sse import EventBuffer
+from gpupool.gateway.transform.reframe import AsEvents, Rewriter, StreamProgress
 
 Json = dict[str, Any]
 
@@ -141,68 +140,19 @@ def event(obj: Json) -> bytes:
     return b"event: " + str(obj["type"]).encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
 
 
-class MessagesProgress:
-    """What an Anthropic event stream has given its client so far (see the module docstring).
-    ``origin``: the request as its first worker got it, once a move needed it."""
+class MessagesProgress(StreamProgress):
+    """What an Anthropic event stream has given its client so far (see the module docstring):
+    ``begun`` once ``message_start`` went out, ``finished`` once ``message_delta`` (the stop
+    reason) did."""
 
-    __slots__ = ("_buf", "_hold", "begun", "block", "blocks", "broken", "ended", "finished",
-                 "input_tokens", "origin", "parts", "tokens")  # fmt: skip
+    __slots__ = ("block", "blocks", "ended", "input_tokens")
 
     def __init__(self) -> None:
-        self._buf = EventBuffer()
-        self._hold = b""
-        self.parts: list[str] = []
-        self.tokens = 0
-        self.begun = False  # message_start went out: a restart would repeat it
+        super().__init__()
         self.block: int | None = None  # the open text block's index
         self.blocks = 0  # blocks started
-        self.broken: str | None = None
-        self.finished = False  # message_delta (the stop reason) went out
         self.ended = False  # message_stop went out
         self.input_tokens: int | None = None
-        self.origin: Json | None = None
-
-    @property
-    def text(self) -> str:
-        return "".join(self.parts)
-
-    def pending(self) -> int:
-        """Bytes of an event not ended yet, held back (the caller bounds them)."""
-        return len(self._hold)
-
-    def feed(self, chunk: bytes) -> bytes:
-        """The whole events of what came so far, read; the end of an unended one held back."""
-        data = self._hold + chunk if self._hold else chunk
-        end = events_end(data)
-        self._hold, data = data[end:], data[:end]
-        for payload in self._payloads(data):
-            if payload.startswith(b"{"):
-                try:
-                    obj = orjson.loads(payload)
-                except orjson.JSONDecodeError:
-                    continue
-                if isinstance(obj, dict):
-                    self.note(obj)
-        return data
-
-    def rest(self) -> bytes:
-        """What is held back when the stream ends (an unended last event passes as it came)."""
-        rest, self._hold = self._hold, b""
-        return rest
-
-    def _payloads(self, data: bytes) -> list[bytes]:
-        """The data of whole events: the adapter's framing (``event:`` then one ``data:``
-        line, LF ends) read directly, anything else through the general parser."""
-        if b"\r" in data:
-            return self._buf.events(data)
-        out = []
-        for block in data.split(b"\n\n"):
-            at = block.find(b"data: ")
-            if at >= 0 and block.find(b"\n", at) < 0 and (at == 0 or block[at - 1] == 10):
-                out.append(block[at + 6 :])
-            elif block:
-                out += self._buf.events(block + b"\n\n")
-        return out
 
     def note(self, obj: Json) -> None:
         """One event as it goes to the client."""
@@ -254,60 +204,17 @@ class MessagesProgress:
         return out
 
 
-class AsMessages:
-    """A completion's chunks re-framed into the client's Anthropic stream (module docstring);
-    feeds ``progress`` so a further move continues from here."""
+class AsMessages(AsEvents):
+    """A completion's chunks re-framed into the client's Anthropic stream (module docstring)."""
 
-    __slots__ = ("_buf", "_failed", "_finish", "before", "progress", "prompt")
+    __slots__ = ()
+    progress: MessagesProgress
 
     def __init__(self, progress: MessagesProgress, prompt: int) -> None:
-        self.progress = progress
-        self.before = progress.tokens  # tokens the client had before this worker
-        self.prompt = prompt  # the rendered prompt's tokens (the new worker's /tokenize)
-        self._buf = EventBuffer()
-        self._finish: tuple[object, object] = (None, None)
-        self._failed = False  # the worker sent its in-stream error: passed on, nothing after
+        super().__init__(progress, prompt)
 
-    def pending(self) -> int:
-        return len(self._buf)
-
-    def rewrite(self, chunk: bytes) -> bytes:
-        out = bytearray()
-        for payload in self._buf.events(chunk):
-            if payload.startswith(b":"):
-                out += payload + b"\n\n"
-            elif payload == b"[DONE]":
-                out += b"" if self._failed else self._end(self.progress.tokens)
-            elif payload.startswith(b"{"):
-                try:
-                    obj = orjson.loads(payload)
-                except orjson.JSONDecodeError:
-                    continue
-                if isinstance(obj, dict):
-                    out += self._one(obj)
-        return bytes(out)
-
-    def _one(self, obj: Json) -> bytes:
-        if "error" in obj and not obj.get("choices"):  # vLLM's in-stream error chunk
-            self._failed = True
-            error = obj["error"] if isinstance(obj["error"], dict) else {}
-            message = str(error.get("message") or "The worker failed mid-answer.")
-            return event({"type": "error", "error": {"type": "api_error", "message": message}})
-        out = b""
-        for c in obj.get("choices") or []:
-            if not isinstance(c, dict) or c.get("index", 0) != 0:
-                continue
-            text = c.get("text")
-            if isinstance(text, str) and text:
-                out += self._text(text)
-            if c.get("finish_reason") is not None:
-                self._finish = (c["finish_reason"], c.get("stop_reason"))
-        usage = obj.get("usage")
-        if isinstance(usage, dict) and not obj.get("choices"):
-            made = usage.get("completion_tokens")
-            total = self.before + made if isinstance(made, int) else self.progress.tokens
-            out += self._end(total)
-        return out
+    def _error(self, message: str) -> bytes:
+        return event({"type": "error", "error": {"type": "api_error", "message": message}})
 
     def _text(self, text: str) -> bytes:
         p = self.progress
@@ -326,3 +233,37 @@ class AsMessages:
         reason, sequence = stop_reason(*self._finish)
         usage = {"input_tokens": self.prompt, "output_tokens": output_tokens}
         return self.progress.end((reason or "end_turn", sequence), usage)
+
+
+class MessagesRoute:
+    """``/v1/messages`` streams, for the migrating loop (``reframe.Route``)."""
+
+    label = "a /v1/messages answer"
+
+    def progress(self) -> MessagesProgress:
+        return MessagesProgress()
+
+    def refusal(self, origin: Json, progress: MessagesProgress) -> str | None:
+        return messages_refusal(origin) or progress.broken
+
+    def end(self, origin: Json, progress: MessagesProgress) -> bytes | None:
+        limit = origin.get("max_tokens")
+        if not progress.finished and not (isinstance(limit, int) and progress.tokens >= limit):
+            return None
+        usage = {"input_tokens": progress.input_tokens or 0, "output_tokens": progress.tokens}
+        return progress.end(("max_tokens", None), usage)
+
+    def render(self, origin: Json) -> Json:
+        out: Json = {"messages": chat_messages(origin), "add_generation_prompt": True}
+        if origin.get("chat_template_kwargs"):
+            out["chat_template_kwargs"] = origin["chat_template_kwargs"]
+        return out
+
+    def body(self, origin: Json, ids: list[int], sent: int, room: int) -> Json | None:
+        return completion_body(origin, ids, sent, room)
+
+    def reframer(self, progress: MessagesProgress, prompt: int) -> Rewriter:
+        return AsMessages(progress, prompt)
+
+
+MESSAGES = MessagesRoute()
