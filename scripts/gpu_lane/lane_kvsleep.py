@@ -1,7 +1,7 @@
 """Precise routing across a sleep, on real vLLM (issue 34; the CPU build has no sleep mode).
 
 The ``sleep-kv`` phase serves two models in one swap group with KV-event routing on. Its
-``kv_sleep`` step asks the awake model two questions after one long system prompt (the second
+``kv_sleep`` step asks the awake model two questions after one long shared prompt (the second
 finds the prompt cached), switches to the other model (the first falls asleep: vLLM drops its KV
 cache, and gpupool must drop that worker's index), then asks the first model twice more (the wake
 finds nothing cached; the question after it finds the prompt again). Each answer's
@@ -19,29 +19,29 @@ import lane_sleep
 from lane_ctx import Ctx
 from lane_http import kv_series
 
-# about 1,500 tokens: a dozen blocks of the cache, shared by every question of the step
+# about 1,500 tokens: many blocks of the cache, shared by every question of the step
 SYSTEM = " ".join(f"Rule {i}: answer briefly, in plain words, about the sea." for i in range(120))
 
 
 async def _ask(ctx: Ctx, model: str, question: str) -> dict[str, Any]:
+    """One greedy completion after ``SYSTEM`` (the lane's shapes carry no chat template)."""
     body = {"model": model, "max_tokens": 4, "temperature": 0,
-            "messages": [{"role": "system", "content": SYSTEM},
-                         {"role": "user", "content": question}]}  # fmt: skip
+            "prompt": f"{SYSTEM}\nQuestion: {question}\nAnswer:"}  # fmt: skip
     t0 = time.monotonic()
     before = await kv_series(ctx.client, ctx.gateway().url)
     try:
-        r = await ctx.client.post(ctx.gateway().url + "/v1/chat/completions", json=body,
-                                  timeout=600)  # fmt: skip
+        r = await ctx.client.post(ctx.gateway().url + "/v1/completions", json=body, timeout=600)
     except Exception as e:  # recorded as the question's failure
         return {"model": model, "ok": False, "error": f"{type(e).__name__}: {e}"}
     after = await kv_series(ctx.client, ctx.gateway().url)
     usage = (r.json().get("usage") or {}) if r.status_code == 200 else {}
     details = usage.get("prompt_tokens_details") or {}
-    return {"model": model, "ok": r.status_code == 200, "status": r.status_code,
-            "worker": r.headers.get("x-gpupool-worker"),
-            "total_s": round(time.monotonic() - t0, 2), "prompt_tokens": usage.get("prompt_tokens"),
-            "cached_tokens": details.get("cached_tokens"),
-            "prediction": _outcome(before, after)}  # fmt: skip
+    out = {"model": model, "ok": r.status_code == 200, "status": r.status_code,
+           "worker": r.headers.get("x-gpupool-worker"),
+           "total_s": round(time.monotonic() - t0, 2), "prompt_tokens": usage.get("prompt_tokens"),
+           "cached_tokens": details.get("cached_tokens"),
+           "prediction": _outcome(before, after)}  # fmt: skip
+    return out if r.status_code == 200 else out | {"body": r.text[:300]}
 
 
 def _outcome(before: dict[str, float], after: dict[str, float]) -> str | None:
