@@ -14,6 +14,10 @@ one character a token (the id: the character's code point), rendering a chat as
 * streams a ``/v1/messages`` answer as vLLM's Anthropic adapter frames it (``message_start``,
   one text block, a ``text_delta`` a piece) and exits after ``--die-after`` pieces likewise;
   its chat form for ``/tokenize`` is the adapter's (system first);
+* streams a ``/v1/responses`` answer as vLLM's Responses server frames it (``response.created``,
+  ``response.in_progress``, one message item and text part, an ``output_text.delta`` a piece,
+  numbered from 0) and exits after ``--die-after`` pieces likewise; a whole ``/v1/responses``
+  answer it cuts mid-body, or with ``--die-after 0`` answers whole (``WHOLE``);
 * keeps every request it took, for ``GET /stats``.
 
 Run it as a process::
@@ -108,6 +112,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._completion(body)
         elif self.path == "/v1/messages":
             self._messages(body)
+        elif self.path == "/v1/responses":
+            self._responses(body)
         else:
             self._json(404, {"error": {"message": "Not Found", "code": 404}})
 
@@ -160,6 +166,55 @@ class _Handler(BaseHTTPRequestHandler):
             delta = {"type": "text_delta", "text": piece}
             self._anthropic({"type": "content_block_delta", "index": 0, "delta": delta})
         os._exit(1)  # mid-body: the gateway reads a connection that broke
+
+    def _responses(self, body: dict[str, Any]) -> None:
+        if not body.get("stream"):
+            self._whole_response(body)
+            return
+        self._start_stream()
+        response = {"id": body.get("request_id") or "resp_first", "object": "response",
+                    "created_at": 1, "model": self.opts.model, "output": [],
+                    "status": "in_progress", "usage": None, "error": None,
+                    "incomplete_details": None, "instructions": body.get("instructions"),
+                    "max_output_tokens": body.get("max_output_tokens"), "metadata": None,
+                    "parallel_tool_calls": True, "temperature": body.get("temperature", 1.0),
+                    "tool_choice": "auto", "tools": [], "top_p": 1.0}  # fmt: skip
+        item = {"id": "msg_first", "content": [], "role": "assistant", "status": "in_progress",
+                "type": "message"}  # fmt: skip
+        part = {"annotations": [], "text": "", "type": "output_text", "logprobs": []}
+        events: list[dict[str, Any]] = [
+            {"type": "response.created", "response": response},
+            {"type": "response.in_progress", "response": response},
+            {"type": "response.output_item.added", "item": item, "output_index": 0},
+            {"type": "response.content_part.added", "content_index": 0, "item_id": "msg_first",
+             "output_index": 0, "part": part},
+        ]  # fmt: skip
+        for piece in ANSWER[: self.opts.die_after]:
+            events.append({"type": "response.output_text.delta", "content_index": 0,
+                           "delta": piece, "item_id": "msg_first", "logprobs": [],
+                           "output_index": 0})  # fmt: skip
+        for seq, obj in enumerate(events):
+            self._anthropic({**obj, "sequence_number": seq})  # the same event: and data: framing
+        os._exit(1)  # mid-body: the gateway reads a connection that broke
+
+    def _whole_response(self, body: dict[str, Any]) -> None:
+        text = "".join(ANSWER)
+        part = {"annotations": [], "text": text, "type": "output_text", "logprobs": None}
+        item = {"id": "msg_whole", "content": [part], "role": "assistant", "status": "completed",
+                "type": "message"}  # fmt: skip
+        data = json.dumps({"id": body.get("request_id"), "object": "response", "created_at": 1,
+                           "model": self.opts.model, "output": [item], "status": "completed",
+                           "usage": {"input_tokens": 3, "output_tokens": len(ANSWER),
+                                     "total_tokens": 3 + len(ANSWER)}}).encode()  # fmt: skip
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.opts.die_after:
+            self.wfile.write(data[: len(data) // 2])
+            self.wfile.flush()
+            os._exit(1)  # mid-body
+        self.wfile.write(data)
 
     def _completion(self, body: dict[str, Any]) -> None:
         ids = body["prompt"]

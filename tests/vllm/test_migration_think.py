@@ -8,7 +8,8 @@ vLLM's own rendering (``pipeline/continue_completion.py``). The client's stream 
 prefix followed by exactly the text the real worker gives, greedy, for the completion of the
 rendered prompt and that prefix: nothing repeated or lost at the cut, no error, one ``[DONE]``.
 A ``/v1/messages`` stream likewise (``pipeline/continue_events.py``), after checking that the
-gateway's conversion of its messages renders the prompt vLLM's Anthropic adapter generates from.
+gateway's conversion of its messages renders the prompt vLLM's Anthropic adapter generates from;
+and a ``/v1/responses`` stream, after the same check against vLLM's Responses server.
 
 One real vLLM worker (about 3 GB): run it under the machine's heavy-test lock.
 """
@@ -24,6 +25,9 @@ import httpx
 import pytest
 
 from gpupool.gateway.transform.messages_continuation import chat_messages
+from gpupool.gateway.transform.responses_continuation import (
+    chat_messages as responses_chat_messages,
+)
 from tests.support.hostile_tools import assert_nothing_held
 from tests.support.procs import Proc, free_port, gateway, running
 from tests.support.template_worker import ANSWER
@@ -186,4 +190,66 @@ def test_messages_stream_continues_on_real_vllm(pool: dict[str, Any]) -> None:
     assert usage["input_tokens"] == len(rendered)
     assert usage["output_tokens"] == DIE_AFTER + direct["usage"]["completion_tokens"]
     assert "a /v1/messages answer" in gw.logs()
+    assert_nothing_held(gw.url, within_s=5)
+
+
+RESPONSES_INPUT = [
+    {"role": "user", "content": "Hello."},
+    {"role": "assistant", "content": "Hi."},
+    {"role": "user", "content": [{"type": "input_text", "text": "What is"},
+                                 {"type": "input_text", "text": "the answer?"}]},
+]  # fmt: skip
+
+
+def _response(**extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "input": RESPONSES_INPUT, "temperature": 0,
+            "max_output_tokens": MAX_TOKENS, **extra}  # fmt: skip
+
+
+def _responses_stream(url: str) -> tuple[str | None, list[dict[str, Any]]]:
+    with httpx.stream("POST", url + "/v1/responses", json=_response(stream=True), timeout=300) as r:
+        assert r.status_code == 200, r.read()
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+        return r.headers.get("x-gpupool-worker"), events
+
+
+def test_responses_stream_continues_on_real_vllm(pool: dict[str, Any]) -> None:
+    """A ``/v1/responses`` stream cut mid-answer goes on on the real worker as a completion of
+    vLLM's rendering: first, the gateway's conversion of its input renders the prompt vLLM's
+    Responses server generates from (its greedy answer is the completion's of the converted
+    messages, token for token); then the client reads one valid stream whose text is the
+    fake's prefix followed by exactly the real worker's greedy completion after it."""
+    gw, real = pool["gw"], pool["real"]
+    messages = responses_chat_messages(_response())
+    rendered = _ids(real, {"messages": messages, "add_generation_prompt": True})
+    whole = httpx.post(real + "/v1/responses", json=_response(), timeout=300).json()
+    text = "".join(c["text"] for item in whole["output"] for c in item.get("content") or [])
+    assert text and text == _greedy(real, rendered, MAX_TOKENS)["choices"][0]["text"]
+
+    fake = pool["fake"]
+    if fake.proc is not None and fake.proc.poll() is not None:  # died in a test before: again
+        fake.start()
+        wait_ready(gw, timeout=120, names=("fake", "real"))
+    for _ in range(6):  # until the fake takes one (the real answers the others whole)
+        first, events = _responses_stream(gw.url)
+        if first == "fake":
+            break
+    assert first == "fake", "the fake worker never took a request"
+    kinds = [e["type"] for e in events]
+    assert "error" not in kinds and kinds[-1] == "response.completed"
+    assert kinds.count("response.created") == kinds.count("response.completed") == 1
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert {e["item_id"] for e in deltas} == {"msg_first"}
+    got = "".join(e["delta"] for e in deltas)
+    prefix = "".join(ANSWER[:DIE_AFTER])
+    ids = rendered + _ids(real, {"prompt": prefix, "add_special_tokens": False})
+    direct = _greedy(real, ids, MAX_TOKENS - DIE_AFTER)
+    assert got == prefix + direct["choices"][0]["text"]  # nothing repeated or lost at the cut
+    final = events[-1]["response"]
+    assert final["id"] == events[0]["response"]["id"]
+    assert final["output"][0]["content"][0]["text"] == got
+    assert final["usage"]["input_tokens"] == len(rendered)
+    assert final["usage"]["output_tokens"] == DIE_AFTER + direct["usage"]["completion_tokens"]
+    assert "a /v1/responses answer" in gw.logs()
     assert_nothing_held(gw.url, within_s=5)

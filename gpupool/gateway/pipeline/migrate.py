@@ -3,7 +3,8 @@
     a worker's connection dies mid-request (``UpstreamFailure.cause``: ``worker_died``, or an
     operator's ``drain``/``restart`` that cut it at its deadline)
         │  ``Migrator.cause``: a cause, migrations left (``routing.migrations``), a route
-        │  that can move (chat, completions, messages; never a stored response)
+        │  that can move (chat, completions, messages, responses; never a stored response's
+        │  follow-up, pinned to its worker)
         ▼
     ``Migrator.move``: the dead worker's slot given back (the exchange's lease), the worker
         added to the request's ``tried`` (never back to it, so a lying worker is no loop), a
@@ -33,7 +34,7 @@ from gpupool.gateway.upstream.common import UpstreamFailure
 
 log = logging.getLogger("gpupool.migrate")
 
-_MOVABLE = (Shape.chat, Shape.messages)  # with /v1/completions (Shape.none, generates)
+_MOVABLE = (Shape.chat, Shape.messages, Shape.responses)  # and /v1/completions (Shape.none)
 
 
 class Migrator:

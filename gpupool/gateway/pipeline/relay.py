@@ -66,6 +66,7 @@ from gpupool.gateway.transform.responses import (
     transform_responses_body,
 )
 from gpupool.gateway.transform.responses import reasoning_texts as responses_reasoning
+from gpupool.gateway.transform.responses_continuation import RESPONSES
 from gpupool.gateway.transform.sse import EventBuffer
 from gpupool.gateway.transform.usage import UsageStrip, plain
 from gpupool.gateway.upstream.client import DataPath, Response, UpstreamFailure
@@ -106,11 +107,12 @@ class Relay:
         self.worker_header = worker_header
         self.max_event_bytes = max_event_bytes
         self.completer = CompletionContinuation(dispatcher, client, registry)
-        self.messages = (
-            EventMigration(MESSAGES, migrator, dispatcher, self.completer, max_event_bytes)
-            if migrator is not None
-            else None
-        )
+        self.moving: dict[Shape, EventMigration[Any]] = {}  # routes continued as completions
+        if migrator is not None:
+            for shape, route in ((Shape.messages, MESSAGES), (Shape.responses, RESPONSES)):
+                self.moving[shape] = EventMigration(
+                    route, migrator, dispatcher, self.completer, max_event_bytes
+                )
 
     def _headers(self, resp: Response, ex: Exchange) -> list[tuple[str, str]]:
         if self.worker_header:
@@ -356,11 +358,12 @@ class Relay:
             yield held + stream_error(ex, failure_error(e, "mid-stream"))
 
     def _source(self, ex: Exchange) -> AsyncIterator[bytes]:
-        """The stream's events as the client gets them, moves included: a Messages stream
-        that may move goes through ``continue_events.py``, every other through ``_raw``."""
-        m, messages = self.migrator, self.messages
-        if m is not None and m.limit and messages and ex.plan.kind.shape is Shape.messages:
-            return messages.stream(ex)
+        """The stream's events as the client gets them, moves included: a Messages or
+        Responses stream that may move goes through ``continue_events.py``, every other
+        through ``_raw``."""
+        m, moving = self.migrator, self.moving.get(ex.plan.kind.shape)
+        if m is not None and m.limit and moving is not None:
+            return moving.stream(ex)
         return self._raw(ex)
 
     def _raw(self, ex: Exchange) -> AsyncIterator[bytes]:

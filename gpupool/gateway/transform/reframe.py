@@ -124,12 +124,13 @@ class AsEvents:
     ``progress`` so a further move continues from here. ``prompt``: the rendered prompt's
     tokens (the new worker's ``/tokenize``), the usage's input."""
 
-    __slots__ = ("_buf", "_failed", "_finish", "before", "progress", "prompt")
+    __slots__ = ("_buf", "_failed", "_finish", "before", "progress", "prompt", "usage")
 
     def __init__(self, progress: StreamProgress, prompt: int) -> None:
         self.progress = progress
         self.before = progress.tokens  # tokens the client had before this worker
         self.prompt = prompt
+        self.usage: Json | None = None  # the completion's own usage, once it came
         self._buf = EventBuffer()
         self._finish: tuple[object, object] = (None, None)  # (finish_reason, stop_reason)
         self._failed = False  # the worker sent its in-stream error: passed on, nothing after
@@ -169,6 +170,7 @@ class AsEvents:
                 self._finish = (c["finish_reason"], c.get("stop_reason"))
         usage = obj.get("usage")
         if isinstance(usage, dict) and not obj.get("choices"):
+            self.usage = usage
             made = usage.get("completion_tokens")
             total = self.before + made if isinstance(made, int) else self.progress.tokens
             out += self._end(total)
