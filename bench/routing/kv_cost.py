@@ -5,17 +5,22 @@ index), in process.
     .venv/bin/python bench/routing/kv_cost.py [--workers 2] [--n 200]
 
 Prints the median and p90 per request for a short chat, a 1.5K- and a 6K-token shared system
-prompt (each with a different question every time), with the tiny models' tokenizer.
+prompt (each with a different question every time), with the tiny models' tokenizer and the
+routing bench's chat template (``make_model.CHAT_TEMPLATE``: the tiny model's own reads content
+parts, so vLLM hands it lists, and it cannot add a system message's list to a string).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import statistics
 import tempfile
 import time
 from pathlib import Path
+
+from make_model import CHAT_TEMPLATE
 
 from gpupool.gateway.kvroute.predict import KvRouting
 from gpupool.gateway.routing.policy import RouteRequest
@@ -27,8 +32,20 @@ from gpupool.workers.registry import Worker, WorkerState
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def with_template(model_dir: str, d: str) -> str:
+    """A copy of ``model_dir``'s tokenizer files under ``d`` with the routing bench's template."""
+    out = Path(d) / "model"
+    out.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if (Path(model_dir) / name).is_file():
+            shutil.copy(Path(model_dir) / name, out / name)
+    (out / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    return str(out)
+
+
 async def measure(workers: int, n: int, model_dir: str) -> None:
     with tempfile.TemporaryDirectory() as d:
+        model_dir = with_template(model_dir, d)
         pool = KvPool()
         ws = []
         for i in range(workers):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import pickle
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 DEFAULT_SEED = "vllm-none-hash"
@@ -36,6 +37,7 @@ def _sha256(obj: Any) -> bytes:
     return hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
 
 
+@lru_cache(maxsize=64)  # one per seed a pool uses
 def none_hash(seed: str) -> bytes:
     return _sha256(seed)
 

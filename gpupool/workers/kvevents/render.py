@@ -5,9 +5,13 @@ up: sandboxed, ``trim_blocks``, ``lstrip_blocks``, ``loopcontrols``, its ``tojso
 tokenizes the text without special tokens; a completions prompt is tokenized with them. Only
 what can be reproduced exactly is: messages of ``role`` and text ``content``, optional
 ``chat_template_kwargs`` and ``add_generation_prompt``. vLLM hands a template its messages'
-content either as a string or as a list of text parts, by what the template reads; both are
-rendered here and must agree (a template that fails on one form fails in vLLM too or is never
-given it). Anything else returns the reason it is not modelled, and routing stays approximate.
+content either as a string or as a list of text parts, by what the template's syntax tree reads
+(``content_format.py``, detected once per template); the prompt is rendered once, in that form
+(a worker started with ``--chat-template-content-format`` forcing the other form is not
+modelled). Where the template fails on that form, vLLM refuses the request and its blocks are
+never cached; the other form is rendered then, so a simulator given such a template (the tiny
+model's, which cannot add a system message's parts to a string) still publishes and is routed
+on blocks. Anything else returns the reason it is not modelled, and routing stays approximate.
 """
 
 from __future__ import annotations
@@ -25,11 +29,17 @@ import jinja2.ext
 import jinja2.sandbox
 from tokenizers import Tokenizer
 
+from gpupool.workers.kvevents.content_format import detect
+
 _MESSAGE_KEYS = frozenset({"role", "content"})
 _ROLES = frozenset({"system", "user", "assistant"})
 _CHAT_KEYS = frozenset({"chat_template", "tools", "documents", "continue_final_message",
                         "mm_processor_kwargs", "reasoning_effort", "lora_request"})  # fmt: skip
 _SPECIALS = ("bos_token", "eos_token", "pad_token", "unk_token")
+_BILLING_HEADER = "x-anthropic-billing-header"  # vLLM drops this line from system text
+
+
+LONG_RUN = 256  # characters: a run this long is remembered (shorter ones cost less to encode)
 
 
 class NotModelled(Exception):
@@ -51,9 +61,9 @@ def _strftime_now(fmt: str) -> str:
 
 
 class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
-    """transformers' sandbox, less Jinja's traceback rewriting: one of a message's two forms
-    fails on most templates (``_chat``), every request, and rewriting that error's traceback
-    into template lines (never shown here) was half of the rendering's time."""
+    """transformers' sandbox, less Jinja's traceback rewriting: a template failing on a body
+    (vLLM refuses it too) costs its error, not the rewriting of its traceback into template
+    lines (never shown here)."""
 
     def handle_exception(self, source: str | None = None) -> NoReturn:
         raise  # the error as it is (called only inside Template.render's ``except``)
@@ -66,12 +76,14 @@ def _special(value: Any) -> str | None:
 
 
 class SegmentEncoder:
-    """The tokenizer's ``encode`` without special tokens, remembering the runs of text between
+    """The tokenizer's ``encode`` without special tokens, remembering long runs of text between
     its added tokens (``<|im_start|>``, ...): a long system prompt shared by many requests is
     tokenized once. Exact because the tokenizer itself splits there first and encodes each run
     on its own, when every added token matches as plain text (no ``lstrip``, ``rstrip``,
     ``single_word`` or ``normalized``); otherwise, or if any of the first ``checks`` encodings
-    differs from the whole text's, it encodes whole texts only."""
+    differs from the whole text's, it encodes whole texts only. What lies between the long runs
+    (the added tokens, the short runs) is encoded in one call per stretch, so a short prompt is
+    one call."""
 
     def __init__(self, tokenizer: Tokenizer, added: list[dict[str, Any]], entries: int = 256,
                  checks: int = 32) -> None:  # fmt: skip
@@ -79,11 +91,8 @@ class SegmentEncoder:
         flags = ("lstrip", "rstrip", "single_word", "normalized")
         plain = all(not a.get(f) for a in added for f in flags)
         contents = sorted((a["content"] for a in added if a.get("content")), key=len, reverse=True)
-        self.ids = {a["content"]: a["id"] for a in added}
         self.pattern = (
-            re.compile("(" + "|".join(map(re.escape, contents)) + ")")
-            if plain and contents
-            else None
+            re.compile("|".join(map(re.escape, contents))) if plain and contents else None
         )
         self.entries = entries
         self.checks = checks
@@ -91,21 +100,35 @@ class SegmentEncoder:
         self._lock = threading.Lock()
 
     def encode(self, text: str) -> list[int]:
-        if self.pattern is None:
-            return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        if self.pattern is None or len(text) < LONG_RUN:
+            return self._whole(text)
         out: list[int] = []
-        for i, part in enumerate(self.pattern.split(text)):
-            if i % 2:
-                out.append(self.ids[part])
-            elif part:
-                out += self._run(part)
+        start = 0  # the stretch not yet encoded
+        at = 0  # where the current run begins (after an added token)
+        for m in self.pattern.finditer(text):
+            if m.start() - at >= LONG_RUN:
+                out += self._stretch(text, start, at)
+                out += self._run(text[at : m.start()])
+                start = m.start()
+            at = m.end()
+        if len(text) - at >= LONG_RUN:
+            out += self._stretch(text, start, at)
+            out += self._run(text[at:])
+        else:
+            out += self._stretch(text, start, len(text))
         if self.checks > 0:
             self.checks -= 1
-            whole = list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+            whole = self._whole(text)
             if whole != out:
                 self.pattern = None
                 return whole
         return out
+
+    def _whole(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def _stretch(self, text: str, start: int, end: int) -> list[int]:
+        return self._whole(text[start:end]) if end > start else []
 
     def _run(self, text: str) -> list[int]:
         with self._lock:
@@ -113,12 +136,11 @@ class SegmentEncoder:
             if ids is not None:
                 self._runs.move_to_end(text)
                 return ids
-        ids = list(self.tokenizer.encode(text, add_special_tokens=False).ids)
-        if len(text) >= 256:  # short runs cost less to encode than to keep
-            with self._lock:
-                self._runs[text] = ids
-                if len(self._runs) > self.entries:
-                    self._runs.popitem(last=False)
+        ids = self._whole(text)
+        with self._lock:
+            self._runs[text] = ids
+            if len(self._runs) > self.entries:
+                self._runs.popitem(last=False)
         return ids
 
 
@@ -134,6 +156,7 @@ class PromptRenderer:
         self.specials = specials
         self.segments = SegmentEncoder(tokenizer, added or [])
         self.template: jinja2.Template | None = None
+        self.content_format = "string"  # how vLLM hands the template a message's content
         if template is not None:
             env = _Sandbox(
                 trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
@@ -142,6 +165,7 @@ class PromptRenderer:
             env.globals["raise_exception"] = _raise
             env.globals["strftime_now"] = _strftime_now
             self.template = env.from_string(template)
+            self.content_format = detect(env, template)
 
     @classmethod
     def load(cls, model_dir: str | Path) -> PromptRenderer:
@@ -191,15 +215,12 @@ class PromptRenderer:
             raise NotModelled("chat_template_kwargs is not an object")
         texts = _texts(body.get("messages"))
         gen = body.get("add_generation_prompt", True)
-        plain = [{"role": r, "content": t} for r, t in texts]
-        parts = [{"role": r, "content": [{"type": "text", "text": t}]} for r, t in texts]
-        a, b = self._render(plain, gen, kwargs), self._render(parts, gen, kwargs)
-        if a is None and b is None:
+        parts = self.content_format == "openai"
+        text = self._render(_messages(texts, parts), gen, kwargs)
+        if text is None:  # vLLM refuses it: its blocks as the other form gives them, if any
+            text = self._render(_messages(texts, not parts), gen, kwargs)
+        if text is None:
             raise NotModelled("the chat template fails on these messages")
-        if a is not None and b is not None and a != b:
-            raise NotModelled("the template renders string and list content differently")
-        text = a if a is not None else b
-        assert text is not None
         return self.segments.encode(text)
 
     def _render(
@@ -214,6 +235,13 @@ class PromptRenderer:
             return None
         except (TypeError, ValueError, KeyError, AttributeError, IndexError):
             return None
+
+
+def _messages(texts: list[tuple[str, str]], parts: bool) -> list[dict[str, Any]]:
+    """The messages as the template gets them: each content a list of one text part, or text."""
+    if parts:
+        return [{"role": r, "content": [{"type": "text", "text": t}]} for r, t in texts]
+    return [{"role": r, "content": t} for r, t in texts]
 
 
 def _texts(messages: Any) -> list[tuple[str, str]]:
@@ -232,5 +260,7 @@ def _texts(messages: Any) -> list[tuple[str, str]]:
             content = part.get("text")
         if not isinstance(content, str):
             raise NotModelled("a message without text content")
+        if m["role"] == "system" and content.startswith(_BILLING_HEADER):
+            raise NotModelled("a system message with Claude Code's billing header")
         out.append((m["role"], content))
     return out

@@ -60,6 +60,8 @@ def test_one_text_part_is_its_string(renderer: PromptRenderer) -> None:
         {"messages": []},
         {"messages": [{"role": "user", "content": "x", "name": "n"}]},
         {"messages": [{"role": "user", "content": "x"}], "chat_template": "{{ 1 }}"},
+        # vLLM drops Claude Code's billing header line from system text
+        {"messages": [{"role": "system", "content": "x-anthropic-billing-header: cch=1\ns"}]},
     ],
 )
 def test_what_is_not_modelled_says_so(renderer: PromptRenderer, body: dict[str, object]) -> None:
@@ -83,12 +85,24 @@ def test_completion_prompts(renderer: PromptRenderer) -> None:
      "<|im_end|>literal<|im_start|>" + "x" * 300],
 )  # fmt: skip
 def test_segments_encode_as_the_whole_text(renderer: PromptRenderer, content: str) -> None:
-    body = {
-        "messages": [{"role": "system", "content": "s" * 300}, {"role": "user", "content": content}]
-    }
-    text = renderer._render(body["messages"], True, {})  # type: ignore[arg-type]
+    messages = [{"role": "user", "content": [{"type": "text", "text": t}]}
+                for t in ("s" * 300, content, "t" * 300)]  # fmt: skip
+    text = renderer._render(messages, True, {})
     assert text is not None
     whole = renderer.tokenizer.encode(text, add_special_tokens=False).ids
     renderer.segments.checks = 0  # no self-check: the runs alone must be right
     assert renderer.segments.encode(text) == whole
     assert renderer.segments.encode(text) == whole  # from the remembered runs
+
+
+def test_the_dense_template_is_given_content_parts(renderer: PromptRenderer) -> None:
+    """Its template loops over a message's content, so vLLM renders it with lists of parts; it
+    cannot add a system message's parts to a string (vLLM refuses that request), and there the
+    string form is rendered instead."""
+    assert renderer.content_format == "openai"
+    body = {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "x"}]}
+    text = renderer.tokenizer.decode(renderer.prompt_ids("/v1/chat/completions", body),
+                                     skip_special_tokens=False)  # fmt: skip
+    assert text == "<|im_start|>system\ns<|im_end|>\n<|im_start|>user\nx<|im_end|>\n" + (
+        "<|im_start|>assistant\n"
+    )
