@@ -184,3 +184,27 @@ def test_whole_responses_answer_is_sent_again(tmp_path: Path) -> None:
     assert not _alive(a)
     assert all(r.output_text == FULL and r.status == "completed" for r in answers)
     assert restarted == 1
+
+
+def test_follow_up_stays_on_its_worker(tmp_path: Path) -> None:
+    """A ``previous_response_id`` follow-up runs only where its conversation is stored: when
+    that worker dies mid-answer, the stream ends with the error event (``refused`` counted)."""
+    a, b = _worker(tmp_path), _worker(tmp_path, die_after=0)  # b answers whole, cuts streams
+    gw = gateway(_config(a, b), tmp_path)
+    with running(a, b, gw):
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0, timeout=30)
+        first = client.responses.create(model=MODEL, input="Hi")  # stored on b (a cuts it)
+        body = {"model": MODEL, "input": "More", "stream": True,
+                "previous_response_id": first.id}  # fmt: skip
+        key = {"Authorization": "Bearer x"}  # the same tenant as the first
+        with httpx.stream("POST", gw.url + "/v1/responses", json=body, headers=key,
+                          timeout=30) as r:  # fmt: skip
+            assert r.status_code == 200, r.read()
+            events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+        refused = _metric(gw, "gpupool_migrations_total", outcome="refused")
+        assert_nothing_held(gw.url, {})
+        log = gw.logs()
+
+    assert [e["type"] for e in events][-1] == "error"
+    assert refused == 1
+    assert "not continued: previous_response_id" in log

@@ -55,8 +55,16 @@ class Migrator:
     def gave_up(self, ex: Exchange, e: UpstreamFailure) -> None:
         """``ex`` fails after ``e``: when only its used-up migrations kept it from moving, that
         is counted (outcome ``failed``) and logged. Called where the client gets the error, so
-        a request the dispatcher then retries elsewhere is not counted as failed."""
+        a request the dispatcher then retries elsewhere is not counted as failed. A request
+        pinned to its worker (a stored response's follow-up: only that worker holds its
+        conversation) is counted ``refused``."""
         plan = ex.plan
+        if plan.pinned and e.cause is not None and self.limit and _movable(ex):
+            self.record(ex, e.cause, "refused")
+            log.warning("request %s: worker %s failed mid-answer (%s); not continued: "
+                        "previous_response_id (only that worker holds the conversation)",
+                        plan.ctx.request_id, ex.worker, e.cause)  # fmt: skip
+            return
         if not self._may_move(ex, e) or plan.migrations < self.limit:
             return
         assert e.cause is not None
