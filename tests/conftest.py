@@ -14,7 +14,12 @@ import pytest
 
 from tests.support.procs import free_port
 
-pytest_plugins = ("tests.support.timing", "tests.support.parallel")
+pytest_plugins = (
+    "tests.support.bytecode",
+    "tests.support.timing",
+    "tests.support.parallel",
+    "tests.support.tls",
+)
 
 
 class RedisServer:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import click
@@ -44,7 +45,31 @@ def _load(path: str) -> GpupoolConfig:
         sys.exit(2)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """The commands defined elsewhere load when named (or listed by ``--help``): ``gpupool
+    serve`` starts without importing the planner, the simulator's command line or ``init``'s
+    templates (0.09 s of CPU for every gateway a test starts, at ``fdcc3cf``)."""
+
+    ELSEWHERE = {
+        "gpus": "gpupool.workers.planner.cli",
+        "init": "gpupool.cli.init",
+        "plan": "gpupool.workers.planner.cli",
+        "sim": "gpupool.workers.sim.cli",
+    }
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.ELSEWHERE})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        module = self.ELSEWHERE.get(cmd_name)
+        if module is None:
+            return super().get_command(ctx, cmd_name)
+        command = getattr(importlib.import_module(module), cmd_name)
+        assert isinstance(command, click.Command), (module, cmd_name)
+        return command
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="gpupool")
 def cli() -> None:
     """gpupool: an OpenAI-compatible gateway and supervisor for a pool of vLLM workers."""
@@ -118,18 +143,6 @@ def new_key(name: str, tenant: str | None, admin: bool) -> None:
     click.echo(f"    - name: {name or 'key'}\n      sha256: {digest}")
     if tenant:
         click.echo(f"      tenant: {tenant}")
-
-
-def _register_optional() -> None:
-    from gpupool.cli.init import init
-    from gpupool.workers.planner.cli import gpus, plan
-    from gpupool.workers.sim.cli import sim
-
-    for command in (sim, plan, gpus, init):
-        cli.add_command(command)
-
-
-_register_optional()
 
 
 def main() -> None:
