@@ -240,6 +240,15 @@ def swap_cell(r: dict[str, Any]) -> str:
             f"{'whole' if pause['stream_whole'] else 'NOT whole'}, text "
             f"{'as unpaused' if pause.get('same_text_as_unpaused') else 'differs'}"
         )
+    kv = _g(r, "kv_sleep") or {}
+    if "asleep" in kv:
+        asks = [kv.get(k) or {} for k in ("first", "second", "wake", "again")]
+        exact = sum(a.get("prediction") == "exact" for a in asks)
+        cells.append(
+            f"KV index {_g(kv, 'awake', 'blocks')} blocks awake, {_g(kv, 'asleep', 'blocks')} "
+            f"asleep; cached tokens {'/'.join(str(a.get('cached_tokens')) for a in asks)}, "
+            f"{exact} predicted exactly"
+        )
     return "; ".join(cells) or "-"
 
 
