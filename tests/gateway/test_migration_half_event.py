@@ -32,7 +32,7 @@ def test_half_event_of_dead_worker_never_reaches_client() -> None:
         [b'data: {"id":"b","choices":[{"index":0,"text":" there"}]}\n\n', b"data: [DONE]\n\n"],
         fail=False,
     )
-    plan = SimpleNamespace(kind=SimpleNamespace(usage_option=True, shape=Shape.none))
+    plan = SimpleNamespace(kind=SimpleNamespace(usage_option=True, shape=Shape.none), token_ids=0)
     ex = SimpleNamespace(resp=first, plan=plan)
     relay = Relay.__new__(Relay)
     relay.migrator = SimpleNamespace(limit=1)  # type: ignore[assignment]

@@ -1,14 +1,16 @@
 """A chat answer whose text the chat template rewrites is continued as a completion (issue 36).
 
 A real `gpupool serve` in front of two fake workers (``support/template_worker.py``) whose
-template rewrites every continued final message: the first to take the stream sends part of
-the answer and dies, and the other continues it through ``/tokenize`` and ``/v1/completions``
-(``pipeline/continue_completion.py``). The client reads one chat stream with the whole answer,
-nothing repeated or lost at the cut, one id, one ``[DONE]``, usage counted once; nothing is held.
-Once the partial answer holds ``</think>`` (the gateway knows the template cuts it: no chat
-continuation is tried), once it does not (the worker's refusal sends it the completion way), and
-once for a model whose reasoning the gateway splits, cut mid-thought (its raw text holds
-``<think>``: straight the completion way, and the split goes on over it).
+template rewrites every continued final message, and which return no token ids (as an older
+vLLM; with them the answer goes on from its ids: ``test_migration_token_ids.py``): the first to
+take the stream sends part of the answer and dies, and the other continues it through
+``/tokenize`` and ``/v1/completions`` (``pipeline/continue_completion.py``). The client reads
+one chat stream with the whole answer, nothing repeated or lost at the cut, one id, one
+``[DONE]``, usage counted once; nothing is held. Once the partial answer holds ``</think>`` (the
+gateway knows the template cuts it: no chat continuation is tried), once it does not (the
+worker's refusal sends it the completion way), and once for a model whose reasoning the gateway
+splits, cut mid-thought (its raw text holds ``<think>``: straight the completion way, and the
+split goes on over it).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ REASONING = "reasoning"
 def _worker(tmp: Path, die_after: int) -> Proc:
     port = free_port()
     argv = [sys.executable, "-m", "tests.support.template_worker", "--port", str(port),
-            "--model", MODEL, "--die-after", str(die_after)]  # fmt: skip
+            "--model", MODEL, "--die-after", str(die_after), "--no-token-ids"]  # fmt: skip
     return Proc(argv, f"http://127.0.0.1:{port}", tmp / f"template-{port}.log")
 
 
@@ -109,3 +111,4 @@ def test_rewritten_chat_answer_continues_as_completion(
     assert (sent["seed"], sent["temperature"], sent["stream"]) == (11, 0.7, True)
     assert "messages" not in sent and "continue_final_message" not in sent
     assert "as a completion" in log
+    assert "returned no token ids" in log  # the gateway asked; this worker, as an older vLLM, not

@@ -6,11 +6,16 @@ one character a token (the id: the character's code point), rendering a chat as
 
 * streams a new chat answer's first ``--die-after`` pieces, then exits (as ``kill -9``: the
   connection breaks mid-body);
+* streams a new completion (a text prompt ending ``<|assistant|>``) the same way;
 * refuses a chat with ``continue_final_message`` with vLLM's 400 for a template that rewrote
   the final message;
 * answers ``/tokenize`` (chat and prompt forms) and a streamed ``/v1/completions`` whose prompt
-  is token ids: the rendered chat and a prefix of ``ANSWER``, continued with the rest of it
-  (``MISMATCH`` when the ids are not such a prompt);
+  is token ids (or text): the rendered chat and a prefix of ``ANSWER``, continued with the rest
+  of it (``MISMATCH`` when the ids are not such a prompt);
+* with ``return_token_ids``, writes the ids as vLLM 0.32 does (the prompt's in the first
+  chunk, each event's own; ``null`` without the flag), including a chat chunk with an empty
+  delta and the ids of a piece whose text it holds back (``" me"``: ``" m"``'s ids alone, then
+  the text with ``"e"``'s); ``--no-token-ids`` writes no such keys, as an older vLLM;
 * streams a ``/v1/messages`` answer as vLLM's Anthropic adapter frames it (``message_start``,
   one text block, a ``text_delta`` a piece) and exits after ``--die-after`` pieces likewise;
   its chat form for ``/tokenize`` is the adapter's (system first);
@@ -133,18 +138,38 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
 
     def _event(self, obj: object) -> None:
-        data = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
+        if not isinstance(obj, bytes):  # compact, as vLLM (pydantic) writes it
+            obj = json.dumps(obj, separators=(",", ":")).encode()
+        data = b"data: " + obj + b"\n\n"
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
+
+    def _ids(self, body: dict[str, Any], text: str) -> dict[str, Any]:
+        """The ``token_ids`` member of a choice, as vLLM writes it (none: ``--no-token-ids``)."""
+        if self.opts.no_token_ids:
+            return {}
+        return {"token_ids": [ord(c) for c in text] if body.get("return_token_ids") else None}
 
     def _chat(self, body: dict[str, Any]) -> None:
         self._start_stream()
         head = {"id": "chatcmpl-first", "object": "chat.completion.chunk", "created": 1,
                 "model": self.opts.model}  # fmt: skip
-        role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
-        self._event({**head, "choices": [role]})
+        role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                "finish_reason": None}  # fmt: skip
+        first: dict[str, Any] = {**head, "choices": [role]}
+        if not self.opts.no_token_ids:
+            asked = body.get("return_token_ids")
+            prompt = [ord(c) for c in render(body["messages"], True)]
+            first |= {"prompt_token_ids": prompt if asked else None, "prompt_text": None}
+        self._event(first)
         for piece in ANSWER[: self.opts.die_after]:
-            choice = {"index": 0, "delta": {"content": piece}, "finish_reason": None}
+            held = piece == " me" and body.get("return_token_ids") and not self.opts.no_token_ids
+            if held:  # vLLM holds " m" back (its chunk: the ids alone), then sends " me"
+                alone = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": None,
+                         **self._ids(body, " m")}  # fmt: skip
+                self._event({**head, "choices": [alone]})
+            choice = {"index": 0, "delta": {"content": piece}, "logprobs": None,
+                      "finish_reason": None, **self._ids(body, "e" if held else piece)}  # fmt: skip
             self._event({**head, "choices": [choice]})
         os._exit(1)  # mid-body: the gateway reads a connection that broke
 
@@ -217,23 +242,31 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _completion(self, body: dict[str, Any]) -> None:
-        ids = body["prompt"]
+        prompt = body["prompt"]
+        ids = [ord(c) for c in prompt] if isinstance(prompt, str) else prompt
         text = "".join(chr(i) for i in ids)
         marker = "<|assistant|>"
         partial = text.rsplit(marker, 1)[1] if marker in text else None
         pieces = ["MISMATCH"] if partial is None or not FULL.startswith(partial) else None
         pieces = pieces or rest_after(partial or "")
         limit = int(body.get("max_tokens", 16))
+        dies = isinstance(prompt, str) and not partial  # a new answer: it dies as a chat's does
         self._start_stream()
-        head = {"id": "cmpl-second", "object": "text_completion", "created": 2,
-                "model": self.opts.model}  # fmt: skip
-        sent = pieces[:limit]
+        head = {"id": "cmpl-first" if dies else "cmpl-second", "object": "text_completion",
+                "created": 1 if dies else 2, "model": self.opts.model}  # fmt: skip
+        sent = pieces[: self.opts.die_after] if dies else pieces[:limit]
         for i, piece in enumerate(sent):
-            last = i == len(sent) - 1
+            last = i == len(sent) - 1 and not dies
             reason = ("stop" if len(sent) == len(pieces) else "length") if last else None
             choice = {"index": 0, "text": piece, "logprobs": None, "finish_reason": reason,
                       "stop_reason": None}  # fmt: skip
+            if not self.opts.no_token_ids:
+                asked = body.get("return_token_ids") and i == 0
+                choice["prompt_token_ids"] = ids if asked else None
+                choice |= self._ids(body, piece)
             self._event({**head, "choices": [choice]})
+        if dies:
+            os._exit(1)
         if (body.get("stream_options") or {}).get("include_usage"):
             usage = {"prompt_tokens": len(ids), "total_tokens": len(ids) + len(sent),
                      "completion_tokens": len(sent)}  # fmt: skip
@@ -249,6 +282,7 @@ def main() -> None:
     p.add_argument("--model", default="m")
     p.add_argument("--window", type=int, default=4096)
     p.add_argument("--die-after", type=int, default=7)
+    p.add_argument("--no-token-ids", action="store_true", help="as a vLLM without them")
     opts = p.parse_args()
     _Handler.opts = opts
     ThreadingHTTPServer(("127.0.0.1", opts.port), _Handler).serve_forever()

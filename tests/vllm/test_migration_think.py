@@ -47,8 +47,10 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         pytest.skip("real vLLM not set up (run `make test`, which installs it and the models)")
     tmp = tmp_path_factory.mktemp("think")
     port = free_port()  # the fake's window is the smaller: on equal load it is ranked first
+    # its ids are not the real tokenizer's: it returns none, so the answer goes on from its text
     argv = [sys.executable, "-m", "tests.support.template_worker", "--port", str(port),
-            "--model", MODEL, "--window", "1024", "--die-after", str(DIE_AFTER)]  # fmt: skip
+            "--model", MODEL, "--window", "1024", "--die-after", str(DIE_AFTER),
+            "--no-token-ids"]  # fmt: skip
     fake = Proc(argv, f"http://127.0.0.1:{port}", tmp / "fake.log")
     cfg = {
         "server": {"expose_worker_header": True},

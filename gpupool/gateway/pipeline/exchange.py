@@ -72,6 +72,9 @@ class Plan:
     ticket: Ticket
     transform: TransformOptions | None = None
     strip_usage: bool = False  # the gateway asked the worker for a usage chunk the client did not
+    # the gateway asked the worker for its token ids (a stream that may move: continue_ids.py),
+    # keeping at most this many; 0: not asked
+    token_ids: int = 0
     gated: bool = False  # a long streamed prompt: prefilled one at a time per worker (prefill.py)
     tried: set[str] = field(default_factory=set)
     started: float = field(default_factory=time.monotonic)

@@ -35,6 +35,7 @@ from gpupool.gateway.metrics import Metrics
 from gpupool.gateway.parse import Parsed, ReadLimits, owned_prefix_key
 from gpupool.gateway.pipeline.candidates import Candidates
 from gpupool.gateway.pipeline.context import build_context
+from gpupool.gateway.pipeline.continue_ids import ids_cap
 from gpupool.gateway.pipeline.dispatch import Dispatcher
 from gpupool.gateway.pipeline.exchange import Context, Exchange, ExchangeDeps, Plan
 from gpupool.gateway.pipeline.kinds import Count, Kind, Shape
@@ -54,6 +55,7 @@ from gpupool.gateway.tenancy.secret import GeneratedSecret
 from gpupool.gateway.tokens import exact_count, upper_bound
 from gpupool.gateway.transform.chat import TransformOptions, normalize_request_messages
 from gpupool.gateway.transform.messages import thinking_switch
+from gpupool.gateway.transform.token_ids import FLAG
 from gpupool.gateway.upstream.client import DataPath
 from gpupool.gateway.upstream.limits import WorkerLimits
 from gpupool.workers.registry import Registry
@@ -175,7 +177,8 @@ class Pipeline:
         # every stream asks for its usage, so every token is counted; the client sees it only
         # if it asked (``transform/usage.py``)
         strip_usage = req.stream and kind.usage_option and not req.usage_asked
-        body = self._rewrite(kind, req, model, ctx, strip_usage)
+        token_ids = self._token_ids(kind, req)
+        body = self._rewrite(kind, req, model, ctx, strip_usage, token_ids > 0)
         decision = self.candidates.decide(route, model.name)
         names = [w.name for w in decision.candidates]
         wait = self.cfg.queue.max_wait_s
@@ -185,6 +188,7 @@ class Pipeline:
                         req.stream, decision.prefer_s)  # fmt: skip
         transform = self._transform(kind, req, model)
         plan = Plan(kind, model, route, body, req.stream, ctx, ticket, transform, strip_usage)
+        plan.token_ids = token_ids
         plan.sequences = req.sequences if kind.generates else 0  # bounds the usage it may report
         plan.paced = kind.generates and req.body.get("background") is not True
         gate = self.dispatcher.gate
@@ -212,9 +216,17 @@ class Pipeline:
         plan.ticket.candidates = [w.name for w in decision.candidates]
         plan.ticket.prefer_s = decision.prefer_s
 
+    def _token_ids(self, kind: Kind, req: Parsed) -> int:
+        """How many token ids a stream that may move keeps, asked of its worker so a move
+        goes on from them (``continue_ids.py``); 0: not asked."""
+        if not (req.stream and kind.usage_option and self.cfg.routing.migrations):
+            return 0
+        return ids_cap(req.body, kind.shape is Shape.chat)
+
     def _rewrite(
-        self, kind: Kind, req: Parsed, model: ModelConfig, ctx: Context, usage: bool
-    ) -> bytes:
+        self, kind: Kind, req: Parsed, model: ModelConfig, ctx: Context, usage: bool,
+        token_ids: bool = False,
+    ) -> bytes:  # fmt: skip
         """The body as the worker must see it; the original bytes when nothing changes.
 
         The model alias becomes the model's name; assistant history in `reasoning_content`
@@ -222,9 +234,12 @@ class Pipeline:
         `thinking` sets the chat template's switch (``transform/messages.py``); a stream that
         did not ask for its usage chunk asks for it now (its tokens are counted; the relay
         takes it out again), without continuous usage, which vLLM gives only with it. What the
-        tenant sets (``_tenant_fields``) is spliced into the bytes when nothing else changes.
+        tenant sets (``_tenant_fields``), and ``return_token_ids`` for a stream that may move
+        (``token_ids``), are spliced into the bytes when nothing else changes.
         """
         fields = self._tenant_fields(kind, req, ctx)
+        if token_ids:
+            fields[FLAG] = True
         body, changed = req.body, False
         if req.model is not None and req.model != model.name:
             body["model"] = model.name

@@ -32,6 +32,7 @@ from gpupool.gateway.pipeline.continue_completion import (
     text_only,
 )
 from gpupool.gateway.pipeline.continue_events import EventMigration, migrating
+from gpupool.gateway.pipeline.continue_ids import IdsContinuation
 from gpupool.gateway.pipeline.dispatch import Dispatcher, failure_error
 from gpupool.gateway.pipeline.exchange import Exchange
 from gpupool.gateway.pipeline.kinds import Shape
@@ -68,6 +69,7 @@ from gpupool.gateway.transform.responses import (
 from gpupool.gateway.transform.responses import reasoning_texts as responses_reasoning
 from gpupool.gateway.transform.responses_continuation import RESPONSES
 from gpupool.gateway.transform.sse import EventBuffer
+from gpupool.gateway.transform.token_ids import FLAG, TokenIds
 from gpupool.gateway.transform.usage import UsageStrip, plain
 from gpupool.gateway.upstream.client import DataPath, Response, UpstreamFailure
 from gpupool.gateway.upstream.limits import WorkerLimits, over
@@ -107,6 +109,7 @@ class Relay:
         self.worker_header = worker_header
         self.max_event_bytes = max_event_bytes
         self.completer = CompletionContinuation(dispatcher, client, registry)
+        self.by_ids = IdsContinuation(dispatcher, registry)
         self.moving: dict[Shape, EventMigration[Any]] = {}  # routes continued as completions
         if migrator is not None:
             for shape, route in ((Shape.messages, MESSAGES), (Shape.responses, RESPONSES)):
@@ -376,6 +379,8 @@ class Relay:
         if m is None or not m.limit or not ex.plan.kind.usage_option:
             return resp.iter_raw()
         progress = Progress(ex.plan.kind.shape is Shape.chat)
+        if ex.plan.token_ids:  # the gateway asked for them: kept, taken out of what goes out
+            progress.token_ids = TokenIds(ex.plan.token_ids)
 
         async def go_on(ex: Exchange, e: UpstreamFailure) -> Resume | bytes | None:
             return await self._continue(ex, e, progress)
@@ -397,6 +402,8 @@ class Relay:
         chat = plan.kind.shape is Shape.chat
         if progress.origin is None:
             progress.origin = orjson.loads(plan.body)
+            if plan.token_ids:  # the gateway's, not the client's
+                progress.origin.pop(FLAG, None)
         origin = progress.origin
         split = plan.transform is not None and plan.transform.parser is not None
         # a gateway-side reasoning split: the raw text holds its <think>, which a chat message
@@ -417,7 +424,7 @@ class Relay:
             return end_events(progress, chat)
         if cause == "worker_died" or e.limit is not None:
             self.dispatcher.broke(ex, e)
-        sent = progress.tokens
+        sent = progress.sent
         what = f"continued after {sent} tokens" if progress.parts else "sent again"
         if not await m.move(ex, cause, what):
             return None
@@ -442,6 +449,22 @@ class Relay:
         worker's refusal. A chat answer whose text the template rewrites, or ``as_text``
         (its raw text holds a reasoning block), goes on as a completion of vLLM's own
         rendering (``continue_completion.py``)."""
+        ids = progress.token_ids
+        if ids is not None and ids.usable and ids.generated:
+            resume = await self.by_ids.open(ex, origin, progress)
+            if not isinstance(resume, bytes):
+                return resume
+            log.warning("request %s: worker %s did not continue from the token ids (%s); "
+                        "going on from the text", ex.plan.ctx.request_id, ex.worker,
+                        resume[:200])  # fmt: skip
+            progress.token_ids = None
+            again = continuation(origin, progress.chat, progress)
+            if again is None:
+                return b"no token left to generate"
+            body = again
+        elif ids is not None and progress.parts:
+            log.warning("request %s: its worker returned no token ids (an older vLLM?); going "
+                        "on from the text", ex.plan.ctx.request_id)  # fmt: skip
         rewritten = progress.chat and bool(progress.parts)
         if rewritten and (as_text or cut(progress.text)):
             return await self.completer.open(ex, origin, progress)

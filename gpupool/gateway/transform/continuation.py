@@ -29,6 +29,7 @@ import orjson
 
 from gpupool.gateway.transform.reframe import StreamProgress
 from gpupool.gateway.transform.sse import EventBuffer
+from gpupool.gateway.transform.token_ids import TokenIds, null_ids, strip
 
 Json = dict[str, Any]
 
@@ -94,16 +95,43 @@ class Progress(StreamProgress):
     """What a chat or completions stream has given its client so far (choice 0: ``n`` > 1 is
     never continued): the text (the model's own, before any reasoning split) and the ids every
     chunk carries. ``broken``: a tool call or reasoning streamed; ``finished``: the finish
-    reason went out."""
+    reason went out. ``token_ids``: the ids its workers generated, when the gateway asked for
+    them (``transform/token_ids.py``): kept, and taken out of the bytes that go out."""
 
-    __slots__ = ("chat", "ids")
+    __slots__ = ("chat", "ids", "token_ids")
 
     def __init__(self, chat: bool) -> None:
         super().__init__()
         self.chat = chat
         self.ids: Json = {}
+        self.token_ids: TokenIds | None = None
+
+    @property
+    def sent(self) -> int:
+        """Tokens the client has: the ids generated, where the worker returned them (exact),
+        else the events that carried text (an estimate where a worker merges steps)."""
+        ids = self.token_ids
+        return len(ids.generated) if ids is not None and ids.usable else self.tokens
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The whole events of what came so far, read, without the token ids the gateway
+        asked for (the end of an unended one held back)."""
+        data = super().feed(chunk)
+        return strip(data) if self.token_ids is not None else data
+
+    rewrite = feed  # the first worker's events go out as they came, less the ids
+
+    def rest(self) -> bytes:
+        rest = super().rest()
+        return strip(rest) if self.token_ids is not None else rest
 
     def note(self, obj: Json) -> None:
+        """One chunk object of the first worker as it came (its ids kept), as it goes out."""
+        if self.token_ids is not None:
+            self.token_ids.read(obj)
+        self.note_text(obj)
+
+    def note_text(self, obj: Json) -> None:
         """One chunk object as it goes to the client."""
         self.begun = True
         if not self.ids:
@@ -137,7 +165,7 @@ class Progress(StreamProgress):
 def continuation(body: Json, chat: bool, progress: Progress) -> Json | None:
     """The request that continues ``body``'s answer after ``progress``; None when no token is
     left to generate (``max_tokens`` reached: the stream only needs its end)."""
-    text, sent = progress.text, progress.tokens
+    text, sent = progress.text, progress.sent
     if not text:
         return body  # nothing the client saw: the same request again
     out = dict(body)
@@ -177,7 +205,7 @@ class Resume:
 
     def __init__(self, progress: Progress, prompt: int | None = None) -> None:
         self.progress = progress
-        self.before = progress.tokens  # tokens the client had before this worker
+        self.before = progress.sent  # tokens the client had before this worker
         # the original prompt's tokens (this worker's /tokenize); None: its prompt less the
         # tokens the client had, an estimate (a token boundary at the cut may differ)
         self.prompt = prompt
@@ -197,14 +225,22 @@ class Resume:
                 except orjson.JSONDecodeError:
                     out += b"data: " + payload + b"\n\n"
                     continue
-                if isinstance(obj, dict) and (obj := self._one(obj)) is not None:
-                    self.progress.note(obj)
+                if isinstance(obj, dict) and (obj := self._read(obj)) is not None:
+                    self.progress.note_text(obj)
                     out += b"data: " + orjson.dumps(obj) + b"\n\n"
         return bytes(out)
 
     def pending(self) -> int:
         """Bytes of an event not ended yet (bounded by the caller, as the relay's own)."""
         return len(self._buf)
+
+    def _read(self, obj: Json) -> Json | None:
+        """``obj`` as the client gets it: its token ids kept, then taken out."""
+        ids = self.progress.token_ids
+        if ids is not None:
+            ids.read(obj)
+            null_ids(obj)
+        return self._one(obj)
 
     def _one(self, obj: Json) -> Json | None:
         obj.update(self.progress.ids)
