@@ -26,6 +26,10 @@ import pytest
 
 from gpupool.gateway.transform.messages_continuation import chat_messages
 from gpupool.gateway.transform.responses_continuation import (
+    AsResponses,
+    ResponsesProgress,
+)
+from gpupool.gateway.transform.responses_continuation import (
     chat_messages as responses_chat_messages,
 )
 from tests.support.hostile_tools import assert_nothing_held
@@ -232,7 +236,7 @@ def test_responses_stream_continues_on_real_vllm(pool: dict[str, Any]) -> None:
     if fake.proc is not None and fake.proc.poll() is not None:  # died in a test before: again
         fake.start()
         wait_ready(gw, timeout=120, names=("fake", "real"))
-    for _ in range(6):  # until the fake takes one (the real answers the others whole)
+    for _ in range(20):  # until the fake takes one (the real answers the others whole)
         first, events = _responses_stream(gw.url)
         if first == "fake":
             break
@@ -255,3 +259,64 @@ def test_responses_stream_continues_on_real_vllm(pool: dict[str, Any]) -> None:
     assert final["usage"]["output_tokens"] == DIE_AFTER + direct["usage"]["completion_tokens"]
     assert "a /v1/responses answer" in gw.logs()
     assert_nothing_held(gw.url, within_s=5)
+
+
+def _sse(raw: bytes) -> list[dict[str, Any]]:
+    return [json.loads(line[6:]) for line in raw.split(b"\n") if line.startswith(b"data: ")]
+
+
+def _keys(events: list[dict[str, Any]]) -> dict[str, set[str]]:
+    """Each event type's fields, and those of the objects it carries, as one set per type."""
+    out: dict[str, set[str]] = {}
+    for e in events:
+        keys = set(e)
+        for inner in ("response", "item", "part"):
+            if isinstance(e.get(inner), dict):
+                keys |= {f"{inner}.{k}" for k in e[inner]}
+        out.setdefault(e["type"], set()).update(keys)
+    return out
+
+
+def test_responses_events_are_framed_as_vllm_frames_them(pool: dict[str, Any]) -> None:
+    """The gateway reads a real vLLM Responses stream as it went out (its text, last sequence
+    number, end), and the events it frames itself after a cut carry the fields vLLM's carry:
+    a stream cut after its third delta and ended by re-framed completion chunks has vLLM's
+    event types in vLLM's order, the same fields each, and the same text and status."""
+    real = pool["real"]
+    with httpx.stream("POST", real + "/v1/responses", json=_response(stream=True),
+                      timeout=300) as r:  # fmt: skip
+        assert r.status_code == 200
+        raw = r.read()
+    theirs = _sse(raw)
+    whole = ResponsesProgress()
+    whole.feed(raw)
+    deltas = [e["delta"] for e in theirs if e["type"] == "response.output_text.delta"]
+    assert whole.text == "".join(deltas) and whole.tokens == len(deltas) >= 4
+    assert whole.seq == theirs[-1]["sequence_number"] and whole.finished
+    final = theirs[-1]["response"]
+
+    cut = [i for i, e in enumerate(theirs) if e["type"] == "response.output_text.delta"][2]
+    progress = ResponsesProgress()
+    before = b"".join(b"event: %s\ndata: %s\n\n" % (e["type"].encode(), json.dumps(e).encode())
+                      for e in theirs[: cut + 1])  # fmt: skip
+    progress.feed(before)
+    reframe = AsResponses(progress, prompt=final["usage"]["input_tokens"])
+    finish = "length" if final["status"] == "incomplete" else "stop"
+    chunks = b""
+    for i, text in enumerate(deltas[3:]):
+        last = i == len(deltas) - 4
+        choice = {"index": 0, "text": text, "finish_reason": finish if last else None}
+        chunks += b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n"
+    usage = {"prompt_tokens": 99, "completion_tokens": len(deltas) - 3, "total_tokens": 0}
+    chunks += b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n"
+    ours = theirs[: cut + 1] + _sse(reframe.rewrite(chunks + b"data: [DONE]\n\n"))
+
+    assert [e["type"] for e in ours] == [e["type"] for e in theirs]
+    assert [e["sequence_number"] for e in ours] == [e["sequence_number"] for e in theirs]
+    assert _keys(ours[cut + 1 :]) == {t: k for t, k in _keys(theirs).items()
+                                      if t in _keys(ours[cut + 1 :])}  # fmt: skip
+    mine = ours[-1]["response"]
+    assert (mine["id"], mine["status"], mine["incomplete_details"]) == (
+        final["id"], final["status"], final["incomplete_details"])  # fmt: skip
+    assert mine["output"][0]["content"][0]["text"] == final["output"][0]["content"][0]["text"]
+    assert mine["usage"]["output_tokens"] == len(deltas)

@@ -246,7 +246,7 @@ class ResponsesProgress(StreamProgress):
         if self.item is None:
             item_id = f"msg_{uuid.uuid4().hex}"
             item = {"id": item_id, "content": [], "role": "assistant", "status": "in_progress",
-                    "type": "message"}  # fmt: skip
+                    "type": "message", "phase": None}  # fmt: skip
             out += self.send({"item": item, "output_index": self.outputs,
                               "type": "response.output_item.added"})  # fmt: skip
         assert self.item is not None
@@ -282,7 +282,7 @@ class ResponsesProgress(StreamProgress):
                                   "type": "response.output_text.done"})  # fmt: skip
                 out += self.send({**at, "part": part, "type": "response.content_part.done"})
             done = {"id": item["id"], "content": [part] if text else [], "role": "assistant",
-                    "status": "completed", "type": "message"}  # fmt: skip
+                    "status": "completed", "type": "message", "phase": None}  # fmt: skip
             out += self.send({"item": done, "output_index": item["output_index"],
                               "type": "response.output_item.done"})  # fmt: skip
         if not self.finished:
