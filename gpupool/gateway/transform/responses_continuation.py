@@ -245,8 +245,8 @@ class ResponsesProgress(StreamProgress):
         out = b""
         if self.item is None:
             item_id = f"msg_{uuid.uuid4().hex}"
-            item = {"id": item_id, "content": [], "role": "assistant", "status": "in_progress",
-                    "type": "message", "phase": None}  # fmt: skip
+            item: Json = {"id": item_id, "content": [], "role": "assistant",
+                          "status": "in_progress", "type": "message", "phase": None}  # fmt: skip
             out += self.send({"item": item, "output_index": self.outputs,
                               "type": "response.output_item.added"})  # fmt: skip
         assert self.item is not None
