@@ -58,7 +58,7 @@ from gpupool.gateway.transform.messages import thinking_switch
 from gpupool.gateway.transform.token_ids import FLAG
 from gpupool.gateway.upstream.client import DataPath
 from gpupool.gateway.upstream.limits import WorkerLimits
-from gpupool.workers.registry import Registry
+from gpupool.workers.registry import Registry, WorkerState
 
 _BYTES_PER_TOKEN = 4  # a prompt's reserved tokens when not counted (the bound is bytes)
 
@@ -285,7 +285,10 @@ class Pipeline:
         KV-event routing is on and the route's prompt is text."""
         if self.kv is None or kind.path not in _PRECISE_PATHS or media is not _NO_MEDIA:
             return route
-        workers = self.registry.ready_of_model(route.model)
+        # a sleeping worker's cache is gone and its index empty (kvevents/pool.py): a request
+        # that waits for its wake is predicted on that, as vLLM will find it (0 cached)
+        workers = [w for w in self.registry.serving_of_model(route.model)
+                   if w.state is not WorkerState.falling_asleep]  # fmt: skip
         salt = self._salt(kind, req, ctx)
         return await self.kv.predict(route, kind.path, req.body, salt, workers)
 

@@ -134,3 +134,30 @@ def test_a_sleep_empties_the_index_and_the_wake_finds_it_empty(gw: Proc) -> None
     kv = _worker(gw, "a")["kv"]
     assert kv["blocks"] == 0 and kv["precise"], kv  # nothing cached, and it knows so
     assert _cached_on(gw, "a", "sleepy?") == first  # the same prompt is stored again, whole
+
+
+def _routed(gw: Proc, mode: str) -> float:
+    text = httpx.get(gw.url + "/metrics", timeout=5).text
+    key = f'gpupool_kv_routed_requests_total{{mode="{mode}",model="m"}}'
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(key))
+
+
+def test_a_request_that_wakes_a_worker_is_predicted_on_its_emptied_index(gw: Proc) -> None:
+    """With ``a`` asleep and ``b`` drained, a request waits for ``a``'s wake. The sleep emptied
+    ``a``'s index as it emptied the cache, so the request is predicted on it (0 cached tokens,
+    what vLLM finds after a wake: measured on the H100, docs/gpu.md), not routed approximately."""
+    _admin(gw, "a", "sleep")
+    _until(lambda: _worker(gw, "a")["state"] == "asleep", "a asleep")
+    assert _admin(gw, "b", "drain")["state"] == "draining"
+    try:
+        precise, approximate = (
+            _routed(gw, "precise"),
+            _routed(gw, "approximate: no worker is known exactly"),
+        )
+        r = httpx.post(gw.url + "/v1/chat/completions", json=_chat("woken?"), timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-gpupool-worker"] == "a"
+        assert _routed(gw, "precise") == precise + 1
+        assert _routed(gw, "approximate: no worker is known exactly") == approximate
+    finally:
+        assert _admin(gw, "b", "undrain")["state"] == "ready"
