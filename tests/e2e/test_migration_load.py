@@ -2,12 +2,17 @@
 (``kill -9``), then the busiest drained with a deadline, then the busiest restarted with one
 (issue 36).
 
-Each round sends 200 streams (chat and completions, half asking for usage) and disturbs one
-worker once every stream has begun: a stream on it must go on on another worker. Every client
-must read its whole answer, the same text an undisturbed worker gives (the simulator's greedy
-lorem), with no error event; afterwards nothing is held (``assert_nothing_held``) and the
-gateway's resident memory is back within a bound of what it was after a warm-up round. Once with
-the memory backend, once with Redis.
+Each round sends 200 streams (half of them Anthropic ``/v1/messages``, a quarter chat and a
+quarter completions, half of these asking for usage) and disturbs one worker once every stream
+has begun: a stream on it must go on on another worker. Every client must read its whole answer,
+the same text an undisturbed worker gives (the simulator's greedy lorem), with no error event,
+one id, one end (``[DONE]``, or a Messages stream's ``message_stop``) and its tokens counted
+once; afterwards nothing is held (``assert_nothing_held``) and the gateway's resident memory is
+back within a bound of what it was after a warm-up round. Once with the memory backend, once
+with Redis (a real ``redis-server``).
+
+(``/v1/responses`` streams migrate too, but the simulator answers Responses without streaming
+only: ``tests/gateway/test_migration_responses.py`` covers them against fake workers.)
 """
 
 from __future__ import annotations
@@ -31,10 +36,13 @@ from tests.support.procs import gateway, redis_server, running
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 STREAMS = 200
-# each stream ~6 s (150 tokens, 40 ms apart): the disturbance comes once all 200 have text,
+# each stream ~6 s (60 tokens, 100 ms apart): the disturbance comes once all 200 have text,
 # which beside two CPU burners took seconds; 40 tokens of 60 ms (2.4 s) let every stream on the
-# killed worker end first ("nothing moved")
-TOKENS = 150
+# killed worker end first ("nothing moved"). 60 tokens rather than 150 at 40 ms: the same 6 s
+# for a fifth of the CPU (every token is an event the sim writes, the gateway relays and the
+# client parses, 200 streams at a time, eight rounds), and the cut still falls mid-answer
+TOKENS = 60
+ITL_MS = 100
 SLOTS = 80  # a worker's: 200 streams spread over the three, and moved ones may queue
 RSS_SLACK_MB = 60  # resident memory a round may leave behind (allocator pools, caches)
 
@@ -47,7 +55,7 @@ def _launched(name: str) -> dict[str, Any]:
         "launch": {
             "model_path": "unused",
             "command": [sys.executable, "-m", "gpupool.workers.sim"],
-            "args": {"max-num-seqs": STREAMS, "itl-ms": 40, "output-tokens": 200},
+            "args": {"max-num-seqs": STREAMS, "itl-ms": ITL_MS, "output-tokens": 200},
             "startup_timeout_s": 60,
             "backoff_initial_s": 0.2,
             "stop_timeout_s": 5,
@@ -73,46 +81,89 @@ def _config(redis_url: str | None) -> dict[str, Any]:
     return cfg
 
 
+# the kinds in turn: a period prime to the three workers, so that however routing takes turns
+# every kind lands on each worker (with a period of 3, turn-taking put every chat on one)
+MIX = ("chat", "messages", "completions", "messages")
+KINDS = set(MIX)
+
+
+def _kind(i: int) -> str:
+    return MIX[i % len(MIX)]
+
+
 def _request(i: int) -> tuple[str, dict[str, Any]]:
-    extra: dict[str, Any] = {"stream_options": {"include_usage": True}} if i % 2 else {}
-    if i % 4 < 2:
-        chat = [{"role": "user", "content": f"story {i}"}]
-        body = {"model": MODEL, "messages": chat, "max_tokens": TOKENS, "stream": True, **extra}
-        return "/v1/chat/completions", body
-    body = {"model": MODEL, "prompt": f"story {i}", "max_tokens": TOKENS, "stream": True, **extra}
-    return "/v1/completions", body
+    kind, prompt = _kind(i), f"story {i}"
+    usage = (i // len(MIX)) % 2 == 1  # every other chat and completion asks for usage
+    extra: dict[str, Any] = {"stream_options": {"include_usage": True}} if usage else {}
+    base = {"model": MODEL, "max_tokens": TOKENS, "stream": True}
+    if kind == "chat":
+        return "/v1/chat/completions", {**base, "messages": _user(prompt), **extra}
+    if kind == "messages":  # usage comes in message_delta, always
+        return "/v1/messages", {**base, "messages": _user(prompt)}
+    return "/v1/completions", {**base, "prompt": prompt, **extra}
+
+
+def _user(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
 
 
 class Client:
     """One stream: what it read, and whether it began (an event with text)."""
 
-    def __init__(self) -> None:
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
         self.began = asyncio.Event()
         self.text = ""
         self.error: str | None = None
-        self.done = 0
+        self.done = 0  # [DONE], or a Messages stream's message_stop
+        self.ids: set[str] = set()  # the chunks' ids, or the Messages stream's message id
         self.usage: dict[str, Any] | None = None
+        self.worker: str | None = None  # the first (x-gpupool-worker)
 
     def read(self, line: str) -> None:
         if line == "data: [DONE]":
             self.done += 1
             return
         obj = json.loads(line[6:])
-        if "error" in obj:
+        if "error" in obj:  # an OpenAI error chunk, or an Anthropic error event
             self.error = str(obj["error"])
+        if self.kind == "messages":
+            self._message_event(obj)
+            return
+        self.ids.add(obj["id"])
         if obj.get("usage"):
             self.usage = obj["usage"]
         for c in obj.get("choices", []):
-            piece = c.get("text") or c.get("delta", {}).get("content") or ""
-            self.text += piece
-            if piece:
-                self.began.set()
+            self._text(c.get("text") or c.get("delta", {}).get("content") or "")
+
+    def _message_event(self, obj: dict[str, Any]) -> None:
+        kind = obj.get("type")
+        if kind == "message_start":
+            self.ids.add(obj["message"]["id"])
+        elif kind == "content_block_delta":
+            self._text(obj["delta"].get("text", ""))
+        elif kind == "message_delta":
+            self.usage = obj["usage"]
+        elif kind == "message_stop":
+            self.done += 1
+
+    def _text(self, piece: str) -> None:
+        self.text += piece
+        if piece:
+            self.began.set()
+
+    def tokens(self) -> int | None:
+        """The output tokens its usage counts, if it asked for usage."""
+        if self.usage is None:
+            return None
+        return int(self.usage["output_tokens" if self.kind == "messages" else "completion_tokens"])
 
 
 async def _stream(c: httpx.AsyncClient, url: str, i: int, client: Client) -> None:
     path, body = _request(i)
     try:
         async with c.stream("POST", url + path, json=body) as r:
+            client.worker = r.headers.get("x-gpupool-worker")
             if r.status_code != 200:
                 client.error = f"status {r.status_code}: {(await r.aread())[:200]!r}"
                 return
@@ -125,14 +176,15 @@ async def _stream(c: httpx.AsyncClient, url: str, i: int, client: Client) -> Non
         client.began.set()
 
 
-async def _round(url: str, disturb: Callable[[], None]) -> list[Client]:
-    clients = [Client() for _ in range(STREAMS)]
+async def _round(url: str, disturb: Callable[[], str]) -> tuple[list[Client], str]:
+    """200 streams, and the worker ``disturb`` chose once each had begun."""
+    clients = [Client(_kind(i)) for i in range(STREAMS)]
     async with async_client(STREAMS, timeout=120) as c:
         tasks = [asyncio.create_task(_stream(c, url, i, cl)) for i, cl in enumerate(clients)]
         await asyncio.gather(*(cl.began.wait() for cl in clients))
-        await asyncio.to_thread(disturb)
+        disturbed = await asyncio.to_thread(disturb)
         await asyncio.gather(*tasks)
-    return clients
+    return clients, disturbed
 
 
 def _workers(url: str) -> dict[str, dict[str, Any]]:
@@ -176,12 +228,13 @@ def test_200_streams_through_a_kill_a_drain_and_a_restart(
     with running(gw, ready_path="/ready", timeout=90):
         url = gw.url
         wait_until("three workers ready", lambda: _all_ready(url), 60)
-        reference = asyncio.run(_round(url, lambda: None))  # warm-up: nothing disturbed
+        reference, _ = asyncio.run(_round(url, lambda: ""))  # warm-up: nothing disturbed
         assert_nothing_held(url)
         rss0 = _rss_mb(gw.pid)
 
-        def kill_a() -> None:
+        def kill_a() -> str:
             os.kill(int(_workers(url)["a"]["pid"]), signal.SIGKILL)
+            return "a"
 
         drained: list[str] = []
 
@@ -189,20 +242,24 @@ def test_200_streams_through_a_kill_a_drain_and_a_restart(
             # the worker holding the most streams now: on a loaded machine routing may have
             # placed none on a fixed one (a pace penalty after a slow first answer), and a
             # drain or restart of an idle worker moves nothing
-            return max(_workers(url).values(), key=lambda w: int(w["inflight"]))["name"]
+            return str(max(_workers(url).values(), key=lambda w: int(w["inflight"]))["name"])
 
-        def drain() -> None:  # a deadline the streams outlive: they move at it
+        def drain() -> str:  # a deadline the streams outlive: they move at it
             drained.append(busiest())
             r = httpx.post(url + f"/admin/workers/{drained[0]}/drain?timeout_s=0.5", timeout=60)
             assert r.status_code == 200, r.text
+            return drained[0]
 
-        def restart() -> None:
-            r = httpx.post(url + f"/admin/workers/{busiest()}/restart?timeout_s=0.3", timeout=60)
+        def restart() -> str:
+            name = busiest()
+            r = httpx.post(url + f"/admin/workers/{name}/restart?timeout_s=0.3", timeout=60)
             assert r.status_code == 200, r.text
+            return name
 
         rounds: dict[str, list[Client]] = {}
+        hit: dict[str, str] = {}  # the worker each round disturbed
         for name, disturb in (("kill", kill_a), ("drain", drain), ("restart", restart)):
-            rounds[name] = asyncio.run(_round(url, disturb))
+            rounds[name], hit[name] = asyncio.run(_round(url, disturb))
             assert_nothing_held(url, within_s=5)
             if name == "drain":  # back into service for the restart round
                 back = httpx.post(url + f"/admin/workers/{drained[0]}/undrain", timeout=30)
@@ -222,14 +279,17 @@ def test_200_streams_through_a_kill_a_drain_and_a_restart(
         continued=continued,
         rss_mb=[round(rss0), round(rss1)],
     )
-    for name, clients in rounds.items():
+    for name, clients in {"warm-up": reference, **rounds}.items():
         errors = [c.error for c in clients if c.error]
         assert not errors, (name, len(errors), errors[:3])
         for i, (cl, ref) in enumerate(zip(clients, reference, strict=True)):
-            assert cl.text == ref.text, (name, i, cl.text, ref.text)
-            assert cl.done == 1, (name, i)
-            if cl.usage is not None:
-                assert cl.usage["completion_tokens"] == TOKENS, (name, i, cl.usage)
+            assert cl.text == ref.text, (name, i, cl.kind, cl.text, ref.text)
+            assert cl.done == 1 and len(cl.ids) == 1, (name, i, cl.kind, cl.done, cl.ids)
+            assert cl.tokens() in (None, TOKENS), (name, i, cl.kind, cl.usage)
+    assert all(c.tokens() == TOKENS for c in reference if c.kind == "messages")
+    # every kind of stream was on a disturbed worker (and went on: its checks above)
+    on_hit = {c.kind for name, clients in rounds.items() for c in clients if c.worker == hit[name]}
+    assert on_hit == KINDS, (on_hit, hit)
     assert moved["worker_died"] + moved["worker_out"] >= 1, moved
     assert moved["drain"] >= 1 and moved["restart"] >= 1, moved
     assert rss1 - rss0 < RSS_SLACK_MB, (rss0, rss1)
