@@ -20,16 +20,18 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpupool.config.models import GpupoolConfig
 from gpupool.gateway.metrics import Metrics
 from gpupool.gateway.routing.cached import KvPrediction
 from gpupool.gateway.routing.policy import RouteRequest
 from gpupool.workers.kvevents import hashing
-from gpupool.workers.kvevents.pool import KvPool
-from gpupool.workers.kvevents.render import NotModelled, PromptRenderer
 from gpupool.workers.registry import Worker
+
+if TYPE_CHECKING:  # both loaded only where kv routing is on (``setup.build_kv``, ``_load``)
+    from gpupool.workers.kvevents.pool import KvPool
+    from gpupool.workers.kvevents.render import PromptRenderer
 
 log = logging.getLogger("gpupool.kvroute")
 
@@ -129,6 +131,8 @@ class KvRouting:
         if isinstance(renderer, str):
             self._count(route.model, "approximate: no tokenizer")
             return route
+        from gpupool.workers.kvevents.render import NotModelled  # loaded with the renderer
+
         specs = {w.name: s for w in precise if (s := self.spec(w)) is not None}
         try:
             if _short(path, body, self.inline_chars):
@@ -210,6 +214,8 @@ class KvRouting:
         if path is None:
             result = "no model directory"
         else:
+            from gpupool.workers.kvevents.render import PromptRenderer
+
             try:
                 loop = asyncio.get_running_loop()
                 result = await loop.run_in_executor(self._threads, PromptRenderer.load, path)

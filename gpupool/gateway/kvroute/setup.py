@@ -7,7 +7,6 @@ from urllib.parse import urlsplit
 from gpupool.config.models import GpupoolConfig, WorkerConfig
 from gpupool.gateway.kvroute.predict import KvRouting
 from gpupool.gateway.metrics import Metrics
-from gpupool.workers.kvevents.pool import KvPool
 from gpupool.workers.kvevents.source import KvSource
 from gpupool.workers.registry import Registry
 
@@ -36,6 +35,8 @@ def build_kv(cfg: GpupoolConfig, registry: Registry, metrics: Metrics) -> KvRout
     kc = cfg.routing.kv_events
     if not kc.enabled and not any(wc.kv_events is not None for wc in cfg.workers):
         return None
+    from gpupool.workers.kvevents.pool import KvPool  # ZeroMQ: loaded only where it is on
+
     pool = KvPool(kc.max_blocks_per_worker, kc.pending_s)
     registry.on_change(pool.on_change)
     for w in registry:
