@@ -16,6 +16,10 @@ from gpupool.config.models import QueueConfig
 from gpupool.gateway.admission.base import Ticket
 from gpupool.gateway.admission.redis_backend import RedisAdmission
 
+# a lease's TTL in Redis, this process's and the test's side alike: 1.5 s leaves a loaded
+# machine's event-loop stalls (renewals every 0.05 s) far inside it
+TTL_S = 1.5
+
 
 class _OneWorker:
     def capacity(self, worker: str) -> int:
@@ -30,7 +34,7 @@ class _OneWorker:
 
 async def main(url: str, prefix: str, mode: str) -> None:
     cfg = QueueConfig(
-        redis_url=url, redis_prefix=prefix, lease_ttl_s=0.6, keepalive_interval_s=0.05
+        redis_url=url, redis_prefix=prefix, lease_ttl_s=TTL_S, keepalive_interval_s=0.05
     )
     adm = RedisAdmission(cfg, _OneWorker(), replica_id=f"proc:{os.getpid()}:0")
     await adm.start()

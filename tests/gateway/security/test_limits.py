@@ -305,13 +305,33 @@ def test_max_concurrent_holds_across_two_gateway_processes(tmp_path: Path) -> No
             headers = {"authorization": f"Bearer {secret}"}
             post = partial(httpx.post, json=body, headers=headers, timeout=30)
             slow = pool.submit(post, a.url + "/v1/completions")
-            time.sleep(0.7)  # A's request is waiting for its first token now
+            _until_inflight(a.url, 1)  # A's request holds the slot, waiting for its first token
             refused = post(b.url + "/v1/completions")
             assert slow.result().status_code == 200
             assert refused.status_code == 429, refused.text
             assert "in flight" in refused.json()["error"]["message"]
             assert refused.headers["retry-after"] == "1"
-            assert post(b.url + "/v1/completions").status_code == 200  # freed for both
+            _until_inflight(a.url, 0)  # A answered; its slot goes back as its request ends
+            again = post(b.url + "/v1/completions")
+            for _ in range(50):  # A's release reaches Redis just after: retry, as Retry-After says
+                if again.status_code != 429:
+                    break
+                time.sleep(0.1)
+                again = post(b.url + "/v1/completions")
+            assert again.status_code == 200, again.text  # freed for both
+
+
+def _until_inflight(url: str, n: float, within_s: float = 30) -> None:
+    """Wait until the gateway at ``url`` has ``n`` requests in flight (``gpupool_inflight``)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        text = httpx.get(url + "/metrics", timeout=5).text
+        now = sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+                  if ln.startswith("gpupool_inflight{"))  # fmt: skip
+        if now == n:
+            return
+        assert time.monotonic() < deadline, f"{now} in flight, not {n}"
+        time.sleep(0.05)
 
 
 async def test_a_call_lost_to_a_hung_redis_is_undone_when_it_answers(

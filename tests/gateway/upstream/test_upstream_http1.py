@@ -380,7 +380,9 @@ async def test_read_timeout_before_headers_and_between_chunks() -> None:
         started = time.monotonic()
         with pytest.raises(UpstreamFailure) as e:
             await pool.open("POST", w.url, b"{}", {})
-        assert 0.14 < time.monotonic() - started < 1.0
+        # not before the deadline; after it, anything finite (the worker is silent for good),
+        # with room for a loaded machine's stalls
+        assert 0.14 < time.monotonic() - started < 10
         assert facts(e.value)[1:] == (True, False)
         assert str(e.value).startswith("worker timed out")
     async with Worker(head_then_wait) as w:
@@ -416,7 +418,9 @@ async def test_abort_cuts_streams_and_idle_connections_at_once(pool: Http1Pool) 
         started = time.monotonic()
         with pytest.raises(UpstreamFailure) as e:
             await anext(stream)
-        assert time.monotonic() - started < 0.5
+        # the abort, not the pool's 2 s read timeout, ended it (the bound leaves a loaded
+        # machine's stalls 1.5 s; the error's facts say which it was)
+        assert time.monotonic() - started < 1.9
         assert facts(e.value) == DIED
         for _ in range(50):
             if w.disconnects == 2:
