@@ -2,17 +2,15 @@
 (``kill -9``), then the busiest drained with a deadline, then the busiest restarted with one
 (issue 36).
 
-Each round sends 200 streams (half of them Anthropic ``/v1/messages``, a quarter chat and a
-quarter completions, half of these asking for usage) and disturbs one worker once every stream
-has begun: a stream on it must go on on another worker. Every client must read its whole answer,
-the same text an undisturbed worker gives (the simulator's greedy lorem), with no error event,
-one id, one end (``[DONE]``, or a Messages stream's ``message_stop``) and its tokens counted
-once; afterwards nothing is held (``assert_nothing_held``) and the gateway's resident memory is
-back within a bound of what it was after a warm-up round. Once with the memory backend, once
-with Redis (a real ``redis-server``).
-
-(``/v1/responses`` streams migrate too, but the simulator answers Responses without streaming
-only: ``tests/gateway/test_migration_responses.py`` covers them against fake workers.)
+Each round sends 200 streams (two fifths Anthropic ``/v1/messages``, a fifth each chat,
+completions and ``/v1/responses``, half of the chat and completions asking for usage) and
+disturbs one worker once every stream has begun: a stream on it must go on on another worker.
+Every client must read its whole answer, the same text an undisturbed worker gives (the
+simulator's greedy lorem), with no error event, one id, one end (``[DONE]``, a Messages stream's
+``message_stop``, a Responses stream's ``response.completed``, its sequence numbers without gap)
+and its tokens counted once; afterwards nothing is held (``assert_nothing_held``) and the
+gateway's resident memory is back within a bound of what it was after a warm-up round. Once with
+the memory backend, once with Redis (a real ``redis-server``).
 """
 
 from __future__ import annotations
@@ -83,7 +81,7 @@ def _config(redis_url: str | None) -> dict[str, Any]:
 
 # the kinds in turn: a period prime to the three workers, so that however routing takes turns
 # every kind lands on each worker (with a period of 3, turn-taking put every chat on one)
-MIX = ("chat", "messages", "completions", "messages")
+MIX = ("chat", "messages", "completions", "responses", "messages")
 KINDS = set(MIX)
 
 
@@ -100,6 +98,9 @@ def _request(i: int) -> tuple[str, dict[str, Any]]:
         return "/v1/chat/completions", {**base, "messages": _user(prompt), **extra}
     if kind == "messages":  # usage comes in message_delta, always
         return "/v1/messages", {**base, "messages": _user(prompt)}
+    if kind == "responses":  # usage comes in response.completed, always
+        body = {"model": MODEL, "input": prompt, "max_output_tokens": TOKENS, "stream": True}
+        return "/v1/responses", body
     return "/v1/completions", {**base, "prompt": prompt, **extra}
 
 
@@ -115,8 +116,9 @@ class Client:
         self.began = asyncio.Event()
         self.text = ""
         self.error: str | None = None
-        self.done = 0  # [DONE], or a Messages stream's message_stop
-        self.ids: set[str] = set()  # the chunks' ids, or the Messages stream's message id
+        self.done = 0  # [DONE], a Messages stream's message_stop, a Responses' completed
+        self.ids: set[str] = set()  # the chunks' ids, or the Messages or Responses stream's id
+        self.seqs: list[int] = []  # a Responses stream's sequence numbers
         self.usage: dict[str, Any] | None = None
         self.worker: str | None = None  # the first (x-gpupool-worker)
 
@@ -125,10 +127,13 @@ class Client:
             self.done += 1
             return
         obj = json.loads(line[6:])
-        if "error" in obj:  # an OpenAI error chunk, or an Anthropic error event
-            self.error = str(obj["error"])
+        if "error" in obj or obj.get("type") == "error":  # OpenAI's, Anthropic's, Responses'
+            self.error = str(obj.get("error") or obj)
         if self.kind == "messages":
             self._message_event(obj)
+            return
+        if self.kind == "responses":
+            self._response_event(obj)
             return
         self.ids.add(obj["id"])
         if obj.get("usage"):
@@ -147,6 +152,17 @@ class Client:
         elif kind == "message_stop":
             self.done += 1
 
+    def _response_event(self, obj: dict[str, Any]) -> None:
+        kind = obj.get("type")
+        self.seqs.append(obj.get("sequence_number", -1))
+        if kind in ("response.created", "response.completed"):
+            self.ids.add(obj["response"]["id"])
+        if kind == "response.output_text.delta":
+            self._text(obj["delta"])
+        elif kind == "response.completed":
+            self.usage = obj["response"]["usage"]
+            self.done += 1
+
     def _text(self, piece: str) -> None:
         self.text += piece
         if piece:
@@ -156,7 +172,8 @@ class Client:
         """The output tokens its usage counts, if it asked for usage."""
         if self.usage is None:
             return None
-        return int(self.usage["output_tokens" if self.kind == "messages" else "completion_tokens"])
+        key = "completion_tokens" if self.kind in ("chat", "completions") else "output_tokens"
+        return int(self.usage[key])
 
 
 async def _stream(c: httpx.AsyncClient, url: str, i: int, client: Client) -> None:
@@ -286,7 +303,8 @@ def test_200_streams_through_a_kill_a_drain_and_a_restart(
             assert cl.text == ref.text, (name, i, cl.kind, cl.text, ref.text)
             assert cl.done == 1 and len(cl.ids) == 1, (name, i, cl.kind, cl.done, cl.ids)
             assert cl.tokens() in (None, TOKENS), (name, i, cl.kind, cl.usage)
-    assert all(c.tokens() == TOKENS for c in reference if c.kind == "messages")
+            assert cl.seqs == list(range(len(cl.seqs))), (name, i, cl.seqs)
+    assert all(c.tokens() == TOKENS for c in reference if c.kind in ("messages", "responses"))
     # every kind of stream was on a disturbed worker (and went on: its checks above)
     on_hit = {c.kind for name, clients in rounds.items() for c in clients if c.worker == hit[name]}
     assert on_hit == KINDS, (on_hit, hit)

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from gpupool.workers.sim import messages, render
+from gpupool.workers.sim import messages, render, responses
 from gpupool.workers.sim.batching import StepEngine
 from gpupool.workers.sim.config import VLLM_VERSION, SimConfig
 from gpupool.workers.sim.engine import Engine
@@ -144,16 +144,22 @@ class SimService:
     async def responses(self, body: bytes, meta: Meta) -> Reply:
         await self._arrive()
         req = parse_body(body, ResponsesRequest, meta.media_ok)
-        if req.stream:
-            raise BadRequest(
-                "The simulator answers /v1/responses without streaming only.", param="stream"
-            )
         self.stored.check_previous(req.previous_response_id)
-        chat = ChatRequest(
-            model=req.model, messages=_responses_messages(req), max_tokens=req.max_output_tokens
-        )
+        fields: dict[str, Any] = {"model": req.model, "messages": _responses_messages(req),
+                                  "max_tokens": req.max_output_tokens}  # fmt: skip
+        if req.stream:  # vLLM's Responses events over the chat stream (``responses.py``)
+            fields.update(stream=True, stream_options={"include_usage": True})
+        chat = ChatRequest.model_validate(fields)
         job = self.jobs.chat(chat, meta)
         self._maybe_fail()
+        if req.stream:
+            rid = req.request_id or "resp_" + job.response_id.removeprefix("chatcmpl-")
+
+            def keep(body: bytes) -> None:
+                self.stored.keep(rid, body, req.store is not False)
+
+            chunks = stream(self.engine, self.knobs, job, ChatFormat(job))
+            return StreamReply(responses.response_events(chunks, rid, keep))
         await run_full(self.engine, job)
         out = job.outputs[0]
         if job.thinking is None:
