@@ -88,7 +88,8 @@ def test_responses_stream_goes_on_on_another_worker(tmp_path: Path) -> None:
         survivor = a if _alive(a) else b
         seen = _seen(survivor)
         continued = _metric(gw, "gpupool_migrations_total", outcome="continued")
-        assert_nothing_held(gw.url, {})
+        assert_nothing_held(gw.url, {})  # the request is accounted: its tokens below
+        counted = {k: _metric(gw, "gpupool_tokens_total", kind=k) for k in ("prompt", "completion")}
         log = gw.logs()
 
     kinds = [e.type for e in events]
@@ -118,6 +119,7 @@ def test_responses_stream_goes_on_on_another_worker(tmp_path: Path) -> None:
     assert final.usage is not None
     assert (final.usage.input_tokens, final.usage.output_tokens) == (prompt, len(ANSWER))
     assert final.usage.total_tokens == prompt + len(ANSWER)
+    assert counted == {"prompt": prompt, "completion": len(ANSWER)}  # the gateway's own count
     assert continued == 1
 
     paths = [s["path"] for s in seen]
