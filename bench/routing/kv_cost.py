@@ -68,8 +68,8 @@ async def measure(workers: int, n: int, model_dir: str) -> None:
                     took.append(time.perf_counter() - t)
                     assert r.kv is not None
                 ms = sorted(x * 1000 for x in took[n // 4 :])  # after the first requests' checks
-                print(f"{label:12} {r.kv.tokens:5} tokens: median {statistics.median(ms):.2f} ms,"
-                      f" p90 {ms[int(len(ms) * 0.9)]:.2f} ms")  # fmt: skip
+                print(f"{label:12} {r.kv.tokens:5} tokens: median {statistics.median(ms):.3f} ms,"
+                      f" p90 {ms[int(len(ms) * 0.9)]:.3f} ms")  # fmt: skip
         finally:
             kv.close()
             await pool.aclose()

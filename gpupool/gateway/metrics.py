@@ -196,7 +196,6 @@ WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60
 
 WORKER_STATES = ("starting", "warming", "ready", "draining", "stopped", "failed",
                  "falling_asleep", "asleep", "waking")  # fmt: skip
-KV_OUTCOMES = ("exact", "over", "under", "tokens_differ")  # gpupool_kv_predictions' outcome
 KV_ERROR_BUCKETS = (0.0, 16.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0, 16384.0)
 SWITCH_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0)
 
@@ -304,20 +303,20 @@ class Metrics:
             "gpupool_worker_asleep_seconds", "Seconds the worker has spent asleep in all.",
             mw, registry=r,
         )  # fmt: skip
-        # precise prefix routing (gateway/kvroute, workers/kvevents)
-        self.kv_routed = Counter(
+        # precise prefix routing (gateway/kvroute, workers/kvevents): touched on every request
+        self.kv_routed = HotCounter(Counter(
             "gpupool_kv_routed_requests", "Requests by how prefix routing knew the caches: "
             "precise (KV events), or approximate and why.", ["model", "mode"], registry=r,
-        )  # fmt: skip
-        self.kv_predictions = Counter(
+        ))  # fmt: skip
+        self.kv_predictions = HotCounter(Counter(
             "gpupool_kv_predictions", "Precisely routed requests by how the predicted cached "
             "tokens compared with vLLM's reported cached_tokens (exact|over|under).",
             [*mw, "outcome"], registry=r,
-        )  # fmt: skip
-        self.kv_prediction_error = Histogram(
+        ))  # fmt: skip
+        self.kv_prediction_error = HotHistogram(Histogram(
             "gpupool_kv_prediction_error_tokens", "|predicted - reported| cached tokens.",
             ["model"], buckets=KV_ERROR_BUCKETS, registry=r,
-        )  # fmt: skip
+        ))  # fmt: skip
         self.kv_blocks = Gauge(
             "gpupool_kv_indexed_blocks", "Blocks the worker's index holds (from its KV events).",
             mw, registry=r,
@@ -368,9 +367,6 @@ class Metrics:
                   self.kv_precise):  # fmt: skip
             with contextlib.suppress(KeyError):
                 g.remove(model, worker)
-        for outcome in KV_OUTCOMES:
-            with contextlib.suppress(KeyError):
-                self.kv_predictions.remove(model, worker, outcome)
         for s in WORKER_STATES:
             with contextlib.suppress(KeyError):
                 self.state.remove(model, worker, s)
@@ -381,7 +377,8 @@ class Metrics:
         with contextlib.suppress(KeyError):
             self.asleep_seconds.remove(model, worker)
         self._served.pop((model, worker), None)
-        for hot in (self.requests, self.tokens, self.latency, self.ttft, self.itl):
+        for hot in (self.requests, self.tokens, self.latency, self.ttft, self.itl,
+                    self.kv_predictions):  # fmt: skip
             hot.forget(model, worker)
         for family in (self.errors, self.retries):
             _remove_labelled(family, {"model": model, "worker": worker})

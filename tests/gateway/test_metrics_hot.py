@@ -105,6 +105,7 @@ def test_a_worker_that_leaves_takes_every_series_it_had() -> None:
         m.restarts.labels("chat", worker).inc()
         m.asleep_seconds.labels("chat", worker).set(3)
         m.worker_state("chat", worker, "ready")
+        m.kv_predictions.labels("chat", worker, "exact").inc()
     m.forget_worker("chat", "w1")
     left = {dict(labels).get("worker") for _, labels in _samples(m)}
     assert "w1" not in left and "w2" in left

@@ -78,17 +78,22 @@ class KvRouting:
 
     def why_not(self, w: Worker) -> str:
         """Empty when ``w`` is routed precisely; else the reason it is not."""
-        reason = self._events_reason(w) or self._cache_reason(w)
+        return self._check(w)[0]
+
+    def _check(self, w: Worker) -> tuple[str, hashing.HashSpec | None]:
+        """Why ``w`` is not routed precisely (empty if it is) and, if it is, its hash spec."""
+        spec = self.spec(w)
+        reason = self._events_reason(w, spec) or self._cache_reason(w)
         if reason:
-            return reason
+            return reason, None
         renderer = self._renderers.get(w.model)
         if isinstance(renderer, str):
-            return f"no tokenizer: {renderer}"
+            return f"no tokenizer: {renderer}", None
         if w.model not in self._dirs:
-            return "no model directory for its tokenizer"
-        return ""
+            return "no model directory for its tokenizer", None
+        return "", spec
 
-    def _events_reason(self, w: Worker) -> str:
+    def _events_reason(self, w: Worker, spec: hashing.HashSpec | None) -> str:
         index, sub = self.pool.index(w.name), self.pool.subscriber(w.name)
         if w.kv_source is None:
             return "no KV events from this worker"
@@ -98,7 +103,6 @@ class KvRouting:
             return f"index refilling after a resync ({index.stats.reason})"
         if index.stats.hybrid:
             return "hybrid KV cache (blocks of another size): not modelled"
-        spec = self.spec(w)
         if spec is not None and sub.verify(spec) is False:
             return "its block hashes do not match the expected seed"
         return ""
@@ -123,8 +127,8 @@ class KvRouting:
         workers: list[Worker],
     ) -> RouteRequest:  # fmt: skip
         """``route`` with what each precisely known worker holds of this prompt."""
-        precise = [w for w in workers if not self.why_not(w)]
-        if not precise:
+        specs = self._known(workers)
+        if not specs:
             self._count(route.model, "approximate: no worker is known exactly")
             return route
         renderer = await self._renderer(route.model)
@@ -133,7 +137,6 @@ class KvRouting:
             return route
         from gpupool.workers.kvevents.render import NotModelled  # loaded with the renderer
 
-        specs = {w.name: s for w in precise if (s := self.spec(w)) is not None}
         try:
             if _short(path, body, self.inline_chars):
                 ids, by_spec = _hash(renderer, path, body, salt, set(specs.values()))
@@ -151,8 +154,6 @@ class KvRouting:
             self._count(route.model, "approximate: tokenizing failed")
             return route
         cached, hashes = {}, {}
-        for w in precise:
-            self._bound(w)
         for name, spec in specs.items():
             index = self.pool.index(name)
             if index is None:
@@ -162,6 +163,16 @@ class KvRouting:
             cached[name], hashes[name] = hit * spec.block_size, blocks
         self._count(route.model, "precise")
         return replace(route, kv=KvPrediction(len(ids), cached, hashes))
+
+    def _known(self, workers: list[Worker]) -> dict[str, hashing.HashSpec]:
+        """The precisely known workers' hash specs (their index bounds set on the way)."""
+        specs: dict[str, hashing.HashSpec] = {}
+        for w in workers:
+            reason, spec = self._check(w)
+            if spec is not None and not reason:
+                specs[w.name] = spec
+                self._bound(w)
+        return specs
 
     async def _on_threads(
         self, renderer: PromptRenderer, path: str, body: dict[str, Any], salt: str | None,

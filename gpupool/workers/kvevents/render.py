@@ -165,6 +165,8 @@ class PromptRenderer:
             env.globals["raise_exception"] = _raise
             env.globals["strftime_now"] = _strftime_now
             self.template = env.from_string(template)
+            # each render copies its globals into a new context: from a dict, not a ChainMap
+            self.template.globals = dict(self.template.globals)
             self.content_format = detect(env, template)
 
     @classmethod

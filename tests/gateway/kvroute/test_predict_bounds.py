@@ -42,11 +42,8 @@ class _Routing(KvRouting):
         super().__init__(cast(KvPool, _NoIndex()), {}, max_pending=max_pending, inline_chars=-1)
         self.renderer = renderer
 
-    def why_not(self, w: Worker) -> str:
-        return ""
-
-    def spec(self, w: Worker) -> hashing.HashSpec | None:
-        return hashing.HashSpec(16, "sha256", hashing.DEFAULT_SEED)
+    def _check(self, w: Worker) -> tuple[str, hashing.HashSpec | None]:
+        return "", hashing.HashSpec(16, "sha256", hashing.DEFAULT_SEED)
 
     async def _renderer(self, model: str) -> PromptRenderer | str:
         return cast(PromptRenderer, self.renderer)
