@@ -168,6 +168,8 @@ def test_streams_and_whole_answers_continue_when_their_worker_dies(
     line = re.search(r"request \S+: worker victim failed mid-answer \((worker_died|worker_out)\); "
                      r"continued after \d+ tokens on worker other", log)  # fmt: skip
     assert line, log[-3000:]
+    # the simulator returns token ids as vLLM does: the streams went on from them, not the text
+    assert "generated token ids" in log and "returned no token ids" not in log, log[-3000:]
 
 
 def test_a_request_never_goes_back_to_a_worker_it_left(tmp_path: Path) -> None:

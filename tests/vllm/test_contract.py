@@ -187,6 +187,29 @@ def test_same_stream_framing(targets: tuple[str, str], path: str) -> None:
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_same_token_ids_in_a_stream(targets: tuple[str, str], path: str) -> None:
+    """With ``return_token_ids`` (the gateway asks it of every stream that may move): the
+    prompt's ids in the first chunk (chat: at its top; completions: in its choice), each
+    step's in every chunk after, every one of the answer's tokens once."""
+    chat = "chat" in path
+    body = {**(CHAT if chat else COMPLETION), "stream": True, "return_token_ids": True}
+    (real, _), (fake, _) = (_events(base, path, body) for base in targets)
+    shapes = []
+    for events in (real, fake):
+        chunks = [orjson.loads(e[6:]) for e in events[:-1]]
+        first = chunks[0]
+        prompt = first["prompt_token_ids"] if chat else first["choices"][0]["prompt_token_ids"]
+        assert isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt)
+        steps = [c["choices"][0]["token_ids"] for c in chunks[1 if chat else 0 :]]
+        assert all(isinstance(ids, list) for ids in steps), steps
+        assert sum(len(ids) for ids in steps) == body["max_tokens"]
+        if not chat:
+            assert all(c["choices"][0]["prompt_token_ids"] is None for c in chunks[1:])
+        shapes.append([_loose(_shape(c)) for c in (chunks[0], chunks[1], chunks[-1])])
+    assert shapes[0] == shapes[1]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
 def test_same_fingerprint_placement_without_usage(targets: tuple[str, str], path: str) -> None:
     """Without include_usage the fingerprint rides on the finishing chunk, after the choices."""
     body = {**(CHAT if "chat" in path else COMPLETION), "stream": True}

@@ -47,6 +47,9 @@ class Job:
     fingerprint: str = ""
     thinking: bool | None = None  # None: no reasoning parser
     include_reasoning: bool = True
+    # with ``return_token_ids``: the prompt's ids and each output's, a piece a token
+    prompt_ids: list[int] | None = None
+    output_ids: list[list[int]] | None = None
 
     @property
     def steps(self) -> int:
@@ -94,6 +97,8 @@ class JobBuilder:
         job.include_usage, job.continuous_usage = req.include_usage, req.continuous_usage
         job.thinking = req.enable_thinking if parser_on else None
         job.include_reasoning = req.include_reasoning
+        if req.return_token_ids:
+            self._ids(job, self.tokenizer.encode(prompt))
         return job
 
     def completion(self, req: CompletionRequest, meta: Meta) -> Job:
@@ -113,7 +118,20 @@ class JobBuilder:
             all_pieces.extend(pieces)
         job = self._job("cmpl-", prompts[0][0], all_pieces, outputs, meta)
         job.include_usage, job.continuous_usage = req.include_usage, req.continuous_usage
+        if req.return_token_ids:
+            first = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
+            if isinstance(first, str):
+                self._ids(job, self.tokenizer.encode(first))
+            elif isinstance(first, int):
+                self._ids(job, [int(t) for t in req.prompt if isinstance(t, int)])
+            else:
+                self._ids(job, list(first))
         return job
+
+    def _ids(self, job: Job, prompt_ids: list[int]) -> None:
+        """The ids a stream returns when asked (``return_token_ids``)."""
+        job.prompt_ids = prompt_ids
+        job.output_ids = [[self.tokenizer.piece_id(p) for p in o.pieces] for o in job.outputs]
 
     def _job(
         self, prefix: str, prompt: str, pieces: list[str], outputs: list[Output], meta: Meta

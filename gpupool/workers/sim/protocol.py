@@ -28,6 +28,7 @@ class _Generate(BaseModel):
     n: int = 1
     stream: bool | None = False
     stream_options: StreamOptions | None = None
+    return_token_ids: bool | None = False
 
     @model_validator(mode="before")
     @classmethod

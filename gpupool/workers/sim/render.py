@@ -177,17 +177,23 @@ class ChunkWriter:
         self._usage_end = b',"system_fingerprint":' + _dumps(fingerprint) + b"}\n\n"
         self._finish_end = _END if include_usage else b"]" + self._usage_end
 
-    def role(self, index: int) -> bytes:
+    def role(self, index: int, prompt_ids: list[int] | None = None) -> bytes:
         choice = {
             "index": index,
             "delta": {"role": "assistant", "content": ""},
             "logprobs": None,
             "finish_reason": None,
         }
-        return self._head + _dumps(choice) + b'],"prompt_token_ids":null,"prompt_text":null}\n\n'
+        tail = b'],"prompt_token_ids":' + _dumps(prompt_ids) + b',"prompt_text":null}\n\n'
+        return self._head + _dumps(choice) + tail
 
     def chat_delta(
-        self, index: int, delta: dict[str, str], finish: str | None, use: dict[str, Any] | None
+        self,
+        index: int,
+        delta: dict[str, str],
+        finish: str | None,
+        use: dict[str, Any] | None,
+        ids: list[int] | None = None,
     ) -> bytes:
         choice: dict[str, Any] = {
             "index": index,
@@ -197,20 +203,26 @@ class ChunkWriter:
         }
         if finish is not None:
             choice["stop_reason"] = None
-        choice["token_ids"] = None
+        choice["token_ids"] = ids
         return self._choice(choice, finish is not None, use)
 
     def text_delta(
-        self, index: int, text: str, finish: str | None, use: dict[str, Any] | None
+        self,
+        index: int,
+        text: str,
+        finish: str | None,
+        use: dict[str, Any] | None,
+        ids: tuple[list[int] | None, list[int] | None] = (None, None),
     ) -> bytes:
+        """``ids``: the prompt's (a choice's first chunk, when asked) and this step's."""
         choice = {
             "index": index,
             "text": text,
             "logprobs": None,
             "finish_reason": finish,
             "stop_reason": None,
-            "prompt_token_ids": None,
-            "token_ids": None,
+            "prompt_token_ids": ids[0],
+            "token_ids": ids[1],
         }
         return self._choice(choice, finish is not None, use)
 

@@ -36,10 +36,33 @@ class StreamFormat(Protocol):
     def reasoning_tokens(self) -> int | None: ...
 
 
+class StepIds:
+    """The ids each choice's chunks carry when the request asked (``return_token_ids``), as
+    vLLM writes them: the prompt's once, then each step's own (a piece a token here)."""
+
+    def __init__(self, job: Job) -> None:
+        self.prompt = job.prompt_ids
+        self._outputs = job.output_ids
+        self._at = [0] * len(job.outputs)
+
+    def step(self, index: int, piece: str) -> list[int] | None:
+        if self._outputs is None:
+            return None
+        if not piece:
+            return []
+        at = self._at[index]
+        self._at[index] += 1
+        return self._outputs[index][at : at + 1]
+
+    def first(self, index: int) -> bool:
+        return self._at[index] == 0
+
+
 class ChatFormat:
     """Chat chunks: a role chunk per choice, then content (and reasoning) deltas."""
 
     def __init__(self, job: Job) -> None:
+        self.ids = StepIds(job)
         self.writer = _writer(job, "chat.completion.chunk")
         self._n = len(job.outputs)
         self._prompt_tokens = job.prompt_tokens
@@ -51,18 +74,20 @@ class ChatFormat:
             self._splitters = [Qwen3Splitter(start) for _ in job.outputs]
 
     def opening(self) -> list[bytes]:
-        return [self.writer.role(i) for i in range(self._n)]
+        return [self.writer.role(i, self.ids.prompt) for i in range(self._n)]
 
     def chunk(
         self, index: int, piece: str, last: bool, finish: str | None, done: int | None
     ) -> bytes | None:
+        ids = self.ids.step(index, piece)
         delta = self._delta(index, piece, last)
-        if not delta and finish is None:
-            return None
-        return self.writer.chat_delta(index, delta, finish, self._use(index, done))
+        if not delta and finish is None and ids is None:
+            return None  # with ids asked, vLLM sends the step's ids with an empty delta
+        return self.writer.chat_delta(index, delta, finish, self._use(index, done), ids)
 
     def aborted(self, index: int, done: int | None) -> bytes:
-        return self.writer.chat_delta(index, {}, "abort", self._use(index, done))
+        ids = self.ids.step(index, "")
+        return self.writer.chat_delta(index, {}, "abort", self._use(index, done), ids)
 
     def _use(self, index: int, done: int | None) -> dict[str, Any] | None:
         if done is None:
@@ -97,8 +122,10 @@ class TextFormat:
     reasoning_tokens = None
 
     def __init__(self, job: Job) -> None:
+        self.ids = StepIds(job)
         self.writer = _writer(job, "text_completion")
         self._prompt_tokens = job.prompt_tokens
+        self._sent = [False] * len(job.outputs)  # a choice's first chunk went out
 
     def opening(self) -> list[bytes]:
         return []
@@ -107,11 +134,16 @@ class TextFormat:
         self, index: int, piece: str, last: bool, finish: str | None, done: int | None
     ) -> bytes | None:
         use = None if done is None else render.usage(self._prompt_tokens, done)
-        return self.writer.text_delta(index, piece, finish, use)
+        return self.writer.text_delta(index, piece, finish, use, self._ids(index, piece))
 
     def aborted(self, index: int, done: int | None) -> bytes:
         use = None if done is None else render.usage(self._prompt_tokens, done)
-        return self.writer.text_delta(index, "", "abort", use)
+        return self.writer.text_delta(index, "", "abort", use, self._ids(index, ""))
+
+    def _ids(self, index: int, piece: str) -> tuple[list[int] | None, list[int] | None]:
+        prompt = None if self._sent[index] else self.ids.prompt
+        self._sent[index] = True
+        return prompt, self.ids.step(index, piece)
 
 
 def _writer(job: Job, obj: str) -> render.ChunkWriter:

@@ -7,14 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpupool.workers.sim.config import SimConfig
-from gpupool.workers.sim.tokenize import Tokenizer
-
-LOREM = (
-    "Lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit", "sed", "do",
-    "eiusmod", "tempor", "incididunt", "ut", "labore", "et", "dolore", "magna", "aliqua", "Ut",
-    "enim", "ad", "minim", "veniam", "quis", "nostrud", "exercitation", "ullamco", "laboris",
-    "nisi", "ut", "aliquip", "ex", "ea", "commodo", "consequat",
-)  # fmt: skip
+from gpupool.workers.sim.tokenize import LOREM, Tokenizer
 
 
 @dataclass(slots=True)

@@ -29,6 +29,7 @@ from gpupool.workers.sim.app import create_sim_app
 from gpupool.workers.sim.config import SimConfig
 from gpupool.workers.sim.reasoning import Qwen3Splitter, split_all
 from gpupool.workers.sim.text import chunk_chars
+from gpupool.workers.sim.tokenize import Tokenizer, render_chat
 from tests.support.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -727,3 +728,27 @@ async def test_metrics_exposition(http: httpx.AsyncClient) -> None:
     hits = [line for line in text.splitlines() if line.startswith("vllm:prefix_cache_hits_total")]
     assert float(hits[0].rsplit(" ", 1)[1]) > 0
     assert 'vllm:request_success_total{engine="0",finished_reason="stop"' in text
+
+
+async def test_token_ids_are_returned_as_vllm_returns_them_and_read_by_any_simulator(
+    http: httpx.AsyncClient,
+) -> None:
+    """``return_token_ids``: the prompt's ids in the first chunk, a step's in each; another
+    simulator (another tokenizer) reads them back, so a migrated stream's ids go on anywhere."""
+    req = {"messages": user("hello there"), "max_tokens": 4, "stream": True,
+           "return_token_ids": True}  # fmt: skip
+    async with http.stream("POST", "/v1/chat/completions", json=req) as r:
+        raw = b"".join([part async for part in r.aiter_raw()])
+    chunks = [orjson.loads(e[6:]) for e in raw.split(b"\n\n") if e.startswith(b"data: {")]
+    prompt = chunks[0]["prompt_token_ids"]
+    steps = [c["choices"][0]["token_ids"] for c in chunks[1:] if c["choices"]]
+    assert [len(ids) for ids in steps] == [1, 1, 1, 1]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks[1:])
+    other = Tokenizer()  # a fresh vocabulary: what another simulator knows
+    assert other.decode(prompt) == render_chat(user("hello there"), True, False)
+    assert other.decode([i for ids in steps for i in ids]) == text
+    assert all(t < 2**53 for t in prompt + [i for ids in steps for i in ids])
+    plain = {**req, "return_token_ids": False}
+    async with http.stream("POST", "/v1/chat/completions", json=plain) as r:
+        raw = b"".join([part async for part in r.aiter_raw()])
+    assert b'"prompt_token_ids":null' in raw and b'"token_ids":[' not in raw
