@@ -66,6 +66,7 @@ def ids_body(origin: Json, chat: bool, ids: list[int], sent: int, room: int) -> 
     out = completion_body(src, ids, sent, room)
     if out is not None:
         out[FLAG] = True  # a further move goes on from the ids too
+        out.pop("truncate_prompt_tokens", None)  # the ids are the prompt the first one read
     return out
 
 
