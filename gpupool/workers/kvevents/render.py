@@ -39,6 +39,8 @@ _SPECIALS = ("bos_token", "eos_token", "pad_token", "unk_token")
 _BILLING_HEADER = "x-anthropic-billing-header"  # vLLM drops this line from system text
 
 
+_DICT_ATTRIBUTES = frozenset(dir(dict))  # every name getattr finds on a plain dict
+SAFE_ATTRIBUTES = 4096  # (type, name) answers of the sandbox remembered, at most
 LONG_RUN = 256  # characters: a run this long is remembered (shorter ones cost less to encode)
 
 
@@ -63,10 +65,38 @@ def _strftime_now(fmt: str) -> str:
 class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
     """transformers' sandbox, less Jinja's traceback rewriting: a template failing on a body
     (vLLM refuses it too) costs its error, not the rewriting of its traceback into template
-    lines (never shown here)."""
+    lines (never shown here). Its attribute check is remembered per type and name: Jinja's
+    answer depends on nothing else (a leading underscore, the internal attributes of functions,
+    methods, types, code, frames and generators, the mutating methods of lists, dicts, sets and
+    their ABCs), and it was a third of a render (``namespace()`` reads, each many isinstance
+    checks against ABCs)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._safe: dict[tuple[type, str], bool] = {}
 
     def handle_exception(self, source: str | None = None) -> NoReturn:
         raise  # the error as it is (called only inside Template.render's ``except``)
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        """``message.content`` on a plain dict: its item, as Jinja finds it after no attribute
+        of that name (what a dict has, ``_DICT_ATTRIBUTES``, still goes Jinja's way), without
+        raising and catching the AttributeError first."""
+        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
+            try:
+                return obj[attribute]
+            except LookupError:  # a str key never raises TypeError on a dict
+                return self.undefined(obj=obj, name=attribute)
+        return super().getattr(obj, attribute)
+
+    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+        key = (type(obj), attr)
+        safe = self._safe.get(key)
+        if safe is None:
+            safe = super().is_safe_attribute(obj, attr, value)
+            if len(self._safe) < SAFE_ATTRIBUTES:  # names a template reads: a few dozen
+                self._safe[key] = safe
+        return safe
 
 
 def _special(value: Any) -> str | None:

@@ -10,10 +10,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import jinja2
+import jinja2.sandbox
 import pytest
 
 from gpupool.workers.kvevents.hashing import HashSpec, block_hashes
-from gpupool.workers.kvevents.render import NotModelled, PromptRenderer
+from gpupool.workers.kvevents.render import NotModelled, PromptRenderer, _raise, _Sandbox
 
 MODELS = Path(os.environ.get("GPUPOOL_TINY_MODELS", Path(__file__).parents[3] / ".models"))
 DENSE = MODELS / "qwen3-dense"
@@ -106,3 +108,36 @@ def test_the_dense_template_is_given_content_parts(renderer: PromptRenderer) -> 
     assert text == "<|im_start|>system\ns<|im_end|>\n<|im_start|>user\nx<|im_end|>\n" + (
         "<|im_start|>assistant\n"
     )
+
+
+@pytest.mark.parametrize(
+    "template",
+    ["{{ messages.pop() }}", "{{ (messages | first).clear() }}", "[{{ messages.__class__ }}]",
+     "{% set ns = namespace(t='') %}[{{ ns._Namespace__attrs }}]", "{{ messages[0].keys() }}",
+     "[{{ raise_exception.__code__ }}]", "{{ messages[0].role }}{{ messages[0].nothing }}",
+     "{% set ns = namespace(t='a') %}{% set ns.t = ns.t + 'b' %}{{ ns.t }}"],
+)  # fmt: skip
+def test_the_sandbox_answers_as_jinjas(template: str) -> None:
+    """Its remembered attribute answers and its plain-dict reads give what Jinja's own
+    ImmutableSandboxedEnvironment gives, every time: the same text, or the same refusal."""
+    own = _Sandbox().from_string(template)
+    jinjas = jinja2.sandbox.ImmutableSandboxedEnvironment().from_string(template)
+    messages = [{"role": "user", "content": "x"}]
+
+    def render(t: jinja2.Template) -> str:
+        try:
+            return t.render(messages=messages, raise_exception=_raise)
+        except Exception as e:
+            return f"raised {type(e).__name__}"
+
+    expected = render(jinjas)
+    assert [render(own) for _ in range(2)] == [expected, expected]
+
+
+def test_dict_reads_are_jinjas() -> None:
+    """A message key that is also a dict method resolves as Jinja resolves it (the method)."""
+    tok = PromptRenderer.load(DENSE).tokenizer
+    own = PromptRenderer(tok, "{{ messages[0].keys is defined }}|{{ messages[0].role }}|"
+                              "{{ messages[0].nothing is defined }}", {})  # fmt: skip
+    text = own._render([{"role": "user", "content": "x"}], True, {})
+    assert text == "True|user|False"
