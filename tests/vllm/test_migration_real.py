@@ -1,10 +1,10 @@
 """Request migration on real vLLM (issue 36): two CPU workers of the same tiny model, greedy.
 
 The same 24 streamed and 8 whole-answer requests (chat and completions, 900 tokens each with
-``ignore_eos``) are answered twice: once undisturbed, once while one worker's vLLM API server
-is killed (``kill -9``) as soon as ``LIVE`` streams on it have text and have not ended (their
-``x-gpupool-worker`` header names it), so every stream on it is cut a few engine steps into its
-900 however fast or loaded the machine, and however routing spread them (at least
+``ignore_eos``) are answered twice: once undisturbed, once while one worker's vLLM API server is
+killed (``kill -9``) as soon as it holds ``BUSY`` requests (the gateway's count) and a stream on
+it (its ``x-gpupool-worker`` header) has text, so every stream on it is cut a few engine steps
+into its 900 however fast or loaded the machine, and however routing spread them (at least
 ``CUT_AT_LEAST`` must be). No client may see an error; at least 90 % of the answers must be the
 undisturbed text (greedy on identical weights; what differs is reported with the text around
 it), and every cut stream's text must be the surviving worker's own greedy first tokens and its
@@ -45,7 +45,7 @@ TOKENS = 900
 SLOTS = 16  # a worker's: the 32 requests spread over both, each worker's in one batch
 SEAM_CHARS = 32  # a difference this close after the cut is the seam's
 CUT_AT_LEAST = 4  # streams the kill must cut mid-answer (the victim holds about 12)
-LIVE = CUT_AT_LEAST + 2  # streams with text and not ended on one worker when it is killed
+BUSY = 10  # requests the killed worker holds (of its 16: about 12 streams, 4 whole answers)
 
 
 def _worker(name: str, model_dir: Path, py: Path) -> dict[str, Any]:
@@ -122,8 +122,7 @@ class Read:
     """What one client read: its text (and, streamed, the text of each event), errors, the
     ``[DONE]`` count, the ids its chunks carried and its usage. A stream's lines are kept as
     they come and read once it ends: a client that parsed each event as it came would fall
-    behind 24 streams of a fast worker, and would see a stream live (the kill's signal) after
-    its worker had finished it."""
+    behind 24 streams of a fast worker."""
 
     def __init__(self) -> None:
         self.lines: list[str] = []  # a stream's data lines, as they came
@@ -147,11 +146,6 @@ class Read:
         if not self.began.is_set() and _has_text(line):
             self.began.set()
         self.ended = self.ended or line == "data: [DONE]"
-
-    @property
-    def live(self) -> bool:
-        """It has text and has not ended: a kill of its worker now cuts it mid-answer."""
-        return self.began.is_set() and not self.ended
 
     def read_lines(self) -> None:
         for line in self.lines:
@@ -217,21 +211,24 @@ async def _run(url: str, kill: Any = None) -> list[Read]:
         tasks = [asyncio.create_task(_one(c, url, p, b, i, reads[i]))
                  for i, (p, b) in enumerate(reqs)]  # fmt: skip
         if kill is not None:
-            victim = await _busiest(reads[:STREAMS])
+            victim = await _busiest(c, url, reads[:STREAMS])
             if victim:
                 await asyncio.to_thread(kill, victim)
         await asyncio.gather(*tasks)
     return reads
 
 
-async def _busiest(streams: list[Read]) -> str:
-    """The worker with ``LIVE`` streams that have text and have not ended, once one has (each
-    a few engine steps into its TOKENS); "" when every stream ended first. Polled: the state
-    is the clients' own, nothing waits on time."""
+async def _busiest(c: httpx.AsyncClient, url: str, streams: list[Read]) -> str:
+    """The worker that holds ``BUSY`` requests (the gateway's count, not the clients': a client
+    reading 24 fast streams on a loaded machine lags its workers by seconds) once a stream on it
+    has text: its streams are a few engine steps into their TOKENS. "" when every stream ended
+    first. Polled: the state is the gateway's and the clients', nothing waits on time."""
     while not all(r.ended for r in streams):
-        live = Counter(r.worker for r in streams if r.live and r.worker)
-        if live and max(live.values()) >= LIVE:
-            return live.most_common(1)[0][0]
+        begun = Counter(r.worker for r in streams if r.began.is_set() and r.worker)
+        workers = (await c.get(url + "/admin/workers")).json()["data"]
+        for w in sorted(workers, key=lambda w: -int(w["inflight"])):
+            if int(w["inflight"]) >= BUSY and begun[w["name"]]:
+                return str(w["name"])
         await asyncio.sleep(0.005)
     return ""
 
@@ -301,8 +298,8 @@ def test_kill_9_under_24_streams_and_8_whole_answers(twins: Proc) -> None:
     killed: list[str] = []
 
     def kill(name: str) -> None:
-        # the worker with the most live streams: routing may place more on one (a pace penalty
-        # after a slow first answer, docs: routing) or start one's later, so a fixed name can miss
+        # the busy worker: routing may place more on one (a pace penalty after a slow first
+        # answer, docs: routing) or start one's later, so a fixed name can miss
         killed.append(name)
         for child in _child_pids(int(_workers(url)[name]["pid"])):  # the API server, guarded
             os.kill(child, signal.SIGKILL)
