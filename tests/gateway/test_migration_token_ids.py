@@ -160,3 +160,25 @@ def test_a_client_that_asks_for_the_ids_gets_them_as_they_came(
     assert events[1].endswith(b'"token_ids":[60,116,104,105,110,107,62]}]}')  # <think>
     # it is not continued (the ids already returned are its state): the error event, as before
     assert b'"error"' in events[-2] and events[-1] == b"data: [DONE]"
+
+
+def test_a_split_reasoning_goes_on_from_the_ids_mid_thought(tmp_path: Path) -> None:
+    """A model whose reasoning the gateway splits (its worker runs no parser): cut inside the
+    thought, the ids carry the raw ``<think>`` text on, and the split goes on over it."""
+    a, b = _worker(tmp_path, "--die-after", "3"), _worker(tmp_path, "--die-after", "3")
+    cfg = gateway_config([("a", a, 4), ("b", b, 4)], routing={"prefix_affinity": False})
+    cfg["models"] = [{"name": MODEL, "reasoning": "qwen3"}]
+    gw = gateway(cfg, tmp_path)
+    with running(a, b, gw):
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0)
+        chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES,  # type: ignore[arg-type]
+                                                     stream=True, max_tokens=60))  # fmt: skip
+        seen = _seen(_survivor(a, b))
+        assert_nothing_held(gw.url, {})
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    reasoning = "".join((d.model_extra or {}).get("reasoning") or "" for d in deltas)
+    text = "".join(d.content or "" for d in deltas)
+    assert (reasoning, text) == ("Let me see.", FULL.split("</think>")[1])
+    paths = [s["path"] for s in seen]
+    assert paths[0] == "/v1/completions", paths  # from the ids: no /tokenize of the rendering
+    assert seen[0]["body"]["prompt"][-len("<think>Let me") :] == [ord(c) for c in "<think>Let me"]
