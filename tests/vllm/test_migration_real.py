@@ -2,9 +2,10 @@
 
 The same 24 streamed and 8 whole-answer requests (chat and completions, 900 tokens each with
 ``ignore_eos``) are answered twice: once undisturbed, once while one worker's vLLM API server is
-killed (``kill -9``) as soon as it holds ``BUSY`` requests (the gateway's count) and a stream on
-it (its ``x-gpupool-worker`` header) has text, so every stream on it is cut a few engine steps
-into its 900 however fast or loaded the machine, and however routing spread them (at least
+killed (``kill -9``) as soon as it holds ``BUSY`` requests and the gateway has relayed a
+stream's first event from it (the gateway's counts: clients reading 24 fast streams on a loaded
+machine lag their workers by seconds), so every stream on it is cut a few engine steps into its
+900 however fast or loaded the machine, and however routing spread them (at least
 ``CUT_AT_LEAST`` must be). No client may see an error; at least 90 % of the answers must be the
 undisturbed text (greedy on identical weights; what differs is reported with the text around
 it), and every cut stream's text must be the surviving worker's own greedy first tokens and its
@@ -46,6 +47,7 @@ SLOTS = 16  # a worker's: the 32 requests spread over both, each worker's in one
 SEAM_CHARS = 32  # a difference this close after the cut is the seam's
 CUT_AT_LEAST = 4  # streams the kill must cut mid-answer (the victim holds about 12)
 BUSY = 10  # requests the killed worker holds (of its 16: about 12 streams, 4 whole answers)
+FIRST_EVENTS = re.compile(r"^gpupool_time_to_first_token_seconds_count\{([^}]*)\} (\S+)$", re.M)
 
 
 def _worker(name: str, model_dir: Path, py: Path) -> dict[str, Any]:
@@ -208,29 +210,44 @@ async def _run(url: str, kill: Any = None) -> list[Read]:
     reqs = _requests()
     reads = [Read() for _ in reqs]
     async with httpx.AsyncClient(timeout=900, limits=httpx.Limits(max_connections=64)) as c:
+        before = await _first_events(c, url) if kill is not None else Counter()
         tasks = [asyncio.create_task(_one(c, url, p, b, i, reads[i]))
                  for i, (p, b) in enumerate(reqs)]  # fmt: skip
         if kill is not None:
-            victim = await _busiest(c, url, reads[:STREAMS])
+            victim = await _busiest(c, url, reads[:STREAMS], before)
             if victim:
                 await asyncio.to_thread(kill, victim)
         await asyncio.gather(*tasks)
     return reads
 
 
-async def _busiest(c: httpx.AsyncClient, url: str, streams: list[Read]) -> str:
-    """The worker that holds ``BUSY`` requests (the gateway's count, not the clients': a client
-    reading 24 fast streams on a loaded machine lags its workers by seconds) once a stream on it
-    has text: its streams are a few engine steps into their TOKENS. "" when every stream ended
-    first. Polled: the state is the gateway's and the clients', nothing waits on time."""
+async def _busiest(
+    c: httpx.AsyncClient, url: str, streams: list[Read], before: Counter[str]
+) -> str:
+    """The worker that holds ``BUSY`` requests once the gateway relayed a stream's first event
+    from it this round (``before``: the counts before it): its streams are a few engine steps
+    into their TOKENS. "" when every stream ended first. Polled: the state is the gateway's,
+    nothing waits on time."""
     while not all(r.ended for r in streams):
-        begun = Counter(r.worker for r in streams if r.began.is_set() and r.worker)
+        begun = await _first_events(c, url) - before
         workers = (await c.get(url + "/admin/workers")).json()["data"]
         for w in sorted(workers, key=lambda w: -int(w["inflight"])):
             if int(w["inflight"]) >= BUSY and begun[w["name"]]:
                 return str(w["name"])
         await asyncio.sleep(0.005)
     return ""
+
+
+async def _first_events(c: httpx.AsyncClient, url: str) -> Counter[str]:
+    """Streams whose first event the gateway relayed, by worker (its time-to-first-token
+    histogram's counts)."""
+    text = (await c.get(url + "/metrics")).text
+    out: Counter[str] = Counter()
+    for labels, count in FIRST_EVENTS.findall(text):
+        worker = re.search(r'worker="([^"]*)"', labels)
+        if worker:
+            out[worker[1]] += int(float(count))
+    return out
 
 
 def _child_pids(pid: int) -> list[int]:
