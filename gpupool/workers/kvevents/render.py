@@ -7,11 +7,12 @@ what can be reproduced exactly is: messages of ``role`` and text ``content``, op
 ``chat_template_kwargs`` and ``add_generation_prompt``. vLLM hands a template its messages'
 content either as a string or as a list of text parts, by what the template's syntax tree reads
 (``content_format.py``, detected once per template); the prompt is rendered once, in that form
-(a worker started with ``--chat-template-content-format`` forcing the other form is not
-modelled). Where the template fails on that form, vLLM refuses the request and its blocks are
-never cached; the other form is rendered then, so a simulator given such a template (the tiny
-model's, which cannot add a system message's parts to a string) still publishes and is routed
-on blocks. Anything else returns the reason it is not modelled, and routing stays approximate.
+(a worker started with ``--chat-template-content-format`` forcing the other form would be
+predicted wrongly: that flag is not read). Where the template fails on that form, vLLM refuses
+the request and its blocks are never cached; the other form is rendered then, so a simulator
+given such a template (the tiny model's, which cannot add a system message's parts to a
+string) still publishes and is routed on blocks. Anything else returns the reason it is not
+modelled, and routing stays approximate.
 """
 
 from __future__ import annotations
