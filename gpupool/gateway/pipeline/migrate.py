@@ -73,6 +73,17 @@ class Migrator:
         log.warning("request %s: worker %s failed mid-answer (%s); its %d migrations are "
                     "used up", rid, ex.worker, e.cause, n)  # fmt: skip
 
+    def refuse(self, ex: Exchange, e: UpstreamFailure, why: str) -> None:
+        """``ex`` could move after ``e`` but the gateway cannot continue its answer exactly
+        (``why``): counted ``refused`` and logged, as the migrating loop's refusals are."""
+        if not self._may_move(ex, e) or ex.plan.migrations >= self.limit:
+            self.gave_up(ex, e)
+            return
+        assert e.cause is not None
+        self.record(ex, e.cause, "refused")
+        log.warning("request %s: worker %s failed mid-answer (%s); not continued: %s",
+                    ex.plan.ctx.request_id, ex.worker, e.cause, why)  # fmt: skip
+
     def _may_move(self, ex: Exchange, e: UpstreamFailure) -> bool:
         """Whether ``e`` is a cause to move and ``ex`` a request that can, migrations aside."""
         return e.cause is not None and bool(self.limit) and not ex.plan.pinned and _movable(ex)

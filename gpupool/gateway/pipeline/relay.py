@@ -576,6 +576,8 @@ class Relay:
         except UpstreamFailure as e:
             ex.status = "upstream_error"
             self._broke(ex, e)
+            if self.migrator is not None:  # the split reasoning cannot be handed back
+                self.migrator.refuse(ex, e, "reasoning")
             yield bytes(out) + stream_error(ex, failure_error(e, "mid-stream"))
 
     async def _event_block(self, ex: Exchange, t: EventTransformer, block: bytes) -> bytes:
