@@ -4,6 +4,9 @@ serve` that the main migration tests do not walk.
 * A ``/v1/responses`` or ``/v1/messages`` stream whose model's reasoning the gateway splits
   (a worker without vLLM's parser) is never continued; when its worker dies mid-answer the
   client gets the error event, and the refusal is counted and logged as every other one is.
+* A worker asked for its token ids that lies about them (``support/script_worker.py``): a list
+  that is not ids (nested, strings) leaves every event the client reads valid JSON, and text
+  sent with an empty id list makes the answer go on from its text, not from ids that miss it.
 """
 
 from __future__ import annotations
@@ -67,3 +70,88 @@ def test_split_reasoning_stream_whose_worker_dies_is_counted_refused(
     assert events and events[-1]["type"] == "error"  # the client's stream ends as before
     assert refused == 1  # counted, as a chat stream's refusal is
     assert "not continued: reasoning" in log
+
+
+# ---- a worker that lies about its token ids (``support/script_worker.py``) -------------------
+
+
+def _chat_event(content: str | None, ids: str, finish: str | None = None) -> str:
+    """A chat chunk framed as vLLM 0.32 frames it, its ``token_ids`` member written raw."""
+    delta = {} if content is None else {"content": content}
+    choice = json.dumps({"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish},
+                        separators=(",", ":"))[:-1]  # fmt: skip
+    head = '{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m",'
+    return f'data: {head}"choices":[{choice},"token_ids":{ids}}}]}}\n\n'
+
+
+ROLE = (
+    'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m",'
+    '"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
+    '"finish_reason":null}],"prompt_token_ids":[1,2,3],"prompt_text":null}\n\n'
+)
+REST = [_chat_event(" world", "null"), _chat_event("", "null", "stop"), "data: [DONE]\n\n"]
+
+
+def _scripted(tmp: Path, script: dict[str, list[str]]) -> tuple[Proc, Proc, Proc]:
+    path = tmp / "script.json"
+    path.write_text(json.dumps(script))
+    procs = []
+    for _ in range(2):
+        port = free_port()
+        argv = [sys.executable, "-m", "tests.support.script_worker", "--port", str(port),
+                "--model", MODEL, "--script", str(path)]  # fmt: skip
+        procs.append(Proc(argv, f"http://127.0.0.1:{port}", tmp / f"script-{port}.log"))
+    a, b = procs
+    cfg = gateway_config([("a", a, 4), ("b", b, 4)], routing={"prefix_affinity": False})
+    return gateway(cfg, tmp), a, b
+
+
+def _stream(gw: Proc, body: dict[str, Any]) -> list[str]:
+    with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, timeout=30) as r:
+        assert r.status_code == 200
+        return [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+
+
+def _survivor_seen(a: Proc, b: Proc) -> list[dict[str, Any]]:
+    p = a if a.proc is not None and a.proc.poll() is None else b
+    return list(httpx.get(p.url + "/stats", timeout=5).json()["seen"])
+
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "stream": True,
+        "max_tokens": 40}  # fmt: skip
+
+
+@pytest.mark.parametrize("ids", ["[[108],108,111]", '["]",108]'], ids=["nested", "string"])
+def test_ids_that_are_not_token_ids_never_break_the_clients_json(tmp_path: Path, ids: str) -> None:
+    """A worker asked for its ids sends a list that holds a list or a string (valid JSON, not
+    ids): the gateway distrusts the ids (the answer goes on from its text) and must not cut the
+    list short in the client's bytes."""
+    script = {"chat": [ROLE, _chat_event("He", "[72,101]"), _chat_event("llo", ids)],
+              "rest": REST}  # fmt: skip
+    gw, a, b = _scripted(tmp_path, script)
+    with running(a, b, gw):
+        events = _stream(gw, CHAT)
+        seen = _survivor_seen(a, b)
+        assert_nothing_held(gw.url, {})
+
+    objs = [json.loads(e) for e in events if e != "[DONE]"]  # every event is JSON
+    text = "".join(o["choices"][0]["delta"].get("content") or "" for o in objs if o["choices"])
+    assert text == "Hello world" and events[-1] == "[DONE]"
+    assert seen[0]["path"] == "/v1/chat/completions"  # from the text: the ids distrusted
+
+
+def test_text_whose_ids_the_worker_left_out_is_not_lost_at_the_cut(tmp_path: Path) -> None:
+    """A worker asked for its ids sends text with an empty id list: the ids no longer cover
+    the text the client has, so the answer must go on from the text (going on from the ids
+    would feed back a prompt without that text, and the client would read it twice)."""
+    script = {"chat": [ROLE, _chat_event("A", "[65]"), _chat_event("B", "[]"),
+                       _chat_event("C", "[]")], "rest": REST}  # fmt: skip
+    gw, a, b = _scripted(tmp_path, script)
+    with running(a, b, gw):
+        events = _stream(gw, CHAT)
+        seen = _survivor_seen(a, b)
+        assert_nothing_held(gw.url, {})
+
+    assert events[-1] == "[DONE]"
+    assert seen[0]["path"] == "/v1/chat/completions", seen
+    assert seen[0]["body"]["messages"][-1] == {"role": "assistant", "content": "ABC"}

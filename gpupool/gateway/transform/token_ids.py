@@ -33,11 +33,14 @@ _QUOTE = ord('"')
 # a chat chunk vLLM sends only for the flag: no text, no finish, no logprobs (``serving.py``:
 # a step whose delta is None is skipped unless ``return_token_ids``)
 _FLAG_ONLY = b'"delta":{},"logprobs":null,"finish_reason":null,"token_ids":['
+_INTS = b"0123456789,-"  # what a list of token ids is written with
 _MAX_ID = 1 << 62  # a token id beyond any vocabulary (a worker that sends one is not trusted)
 
 
 def strip(data: bytes) -> bytes:
-    """Whole events of a stream as vLLM writes them without ``return_token_ids``."""
+    """Whole events of a stream as vLLM writes them without ``return_token_ids``. A list that
+    is not written as vLLM writes ids (a lying worker's: nested, strings, floats) passes as it
+    came, valid JSON; :class:`TokenIds` distrusts it."""
     at = data.find(_IDS)
     if at < 0:
         return data
@@ -49,7 +52,11 @@ def strip(data: bytes) -> bytes:
     while at >= 0:
         key = at + len(_IDS) - 1  # the list's "["
         end = data.find(b"]", key)
-        if end < 0 or not (data[at - 1] == _QUOTE or data.startswith(_PROMPT, at - len(_PROMPT))):
+        if (
+            end < 0
+            or not (data[at - 1] == _QUOTE or data.startswith(_PROMPT, at - len(_PROMPT)))
+            or data[key + 1 : end].translate(None, _INTS)  # not a flat list of integers: a
+        ):  # lying worker's (its ids distrusted), which a cut would leave invalid JSON
             at = data.find(_IDS, key)
             continue
         parts += (data[start:key], b"null")
@@ -116,7 +123,7 @@ class TokenIds:
 
     def _generated(self, choice: Json) -> None:
         ids = choice.get("token_ids")
-        if ids is None:
+        if ids is None or ids == []:  # text without its ids: they no longer cover the text
             if _has_text(choice):
                 self.spoiled = True
             return

@@ -1,0 +1,95 @@
+"""A fake vLLM that writes scripted stream bytes (adversarial migration tests).
+
+Every generation request is answered with the script's events, written as they are (raw
+bytes, one chunked write each, so a test chooses the framing, the ids and any lie):
+
+* a new answer (``/v1/chat/completions``, or ``/v1/completions`` whose prompt is text) gets the
+  script's ``first`` events for its route (``chat`` or ``completions``), then the worker exits
+  mid-body (as ``kill -9``);
+* a continuation (``/v1/completions`` whose prompt is token ids, or a chat with
+  ``continue_final_message``) gets the script's ``rest`` events, then a clean end.
+
+``GET /stats`` gives every request it took. Run it as a process::
+
+    python -m tests.support.script_worker --port 8123 --model m --script script.json
+
+where ``script.json`` is ``{"chat": [...], "completions": [...], "rest": [...]}`` (each a list
+of strings, every one written as one chunk).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    opts: argparse.Namespace
+    script: dict[str, list[str]] = {}
+    seen: list[dict[str, Any]] = []
+    lock = threading.Lock()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _json(self, status: int, body: object) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            self._json(200, {})
+        elif self.path == "/v1/models":
+            card = {"id": self.opts.model, "object": "model", "max_model_len": 4096}
+            self._json(200, {"object": "list", "data": [card]})
+        elif self.path == "/stats":
+            with self.lock:
+                self._json(200, {"seen": self.seen})
+        else:
+            self._json(404, {"error": {"message": "Not Found", "code": 404}})
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length) or b"{}")
+        with self.lock:
+            self.seen.append({"path": self.path, "body": body})
+        prompt = body.get("prompt")
+        going_on = isinstance(prompt, list) or bool(body.get("continue_final_message"))
+        route = "chat" if self.path == "/v1/chat/completions" else "completions"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for part in self.script["rest" if going_on else route]:
+            data = part.encode()
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+        if not going_on:
+            os._exit(1)  # mid-body: the gateway reads a connection that broke
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--model", default="m")
+    p.add_argument("--script", required=True)
+    opts = p.parse_args()
+    _Handler.opts = opts
+    with open(opts.script) as f:
+        _Handler.script = json.load(f)
+    ThreadingHTTPServer(("127.0.0.1", opts.port), _Handler).serve_forever()
+
+
+if __name__ == "__main__":
+    main()
