@@ -155,3 +155,45 @@ def test_text_whose_ids_the_worker_left_out_is_not_lost_at_the_cut(tmp_path: Pat
     assert events[-1] == "[DONE]"
     assert seen[0]["path"] == "/v1/chat/completions", seen
     assert seen[0]["body"]["messages"][-1] == {"role": "assistant", "content": "ABC"}
+
+
+def _responses_event(seq: int, obj: dict[str, Any]) -> str:
+    data = json.dumps({**obj, "sequence_number": seq}, separators=(",", ":"))
+    return f"event: {obj['type']}\ndata: {data}\n\n"
+
+
+def test_responses_cut_between_its_text_done_and_part_done_ends_every_open_event(
+    tmp_path: Path,
+) -> None:
+    """vLLM ends a message as ``output_text.done``, ``content_part.done``,
+    ``output_item.done``; a worker that dies after the first of them leaves the text whole, so
+    the gateway ends the response itself, and must send the two the client did not get."""
+    response = {"id": "resp_1", "object": "response", "created_at": 1, "model": MODEL,
+                "output": [], "status": "in_progress", "usage": None}  # fmt: skip
+    item = {"id": "msg_1", "content": [], "role": "assistant", "status": "in_progress",
+            "type": "message"}  # fmt: skip
+    part = {"annotations": [], "text": "", "type": "output_text", "logprobs": []}
+    at = {"item_id": "msg_1", "output_index": 0, "content_index": 0}
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": response},
+        {"type": "response.in_progress", "response": response},
+        {"type": "response.output_item.added", "item": item, "output_index": 0},
+        {"type": "response.content_part.added", **at, "part": part},
+        {"type": "response.output_text.delta", **at, "delta": "Hel", "logprobs": []},
+        {"type": "response.output_text.delta", **at, "delta": "lo", "logprobs": []},
+        {"type": "response.output_text.done", **at, "text": "Hello", "logprobs": []},
+    ]  # fmt: skip
+    script = {"responses": [_responses_event(i, e) for i, e in enumerate(events)], "rest": []}
+    gw, a, b = _scripted(tmp_path, script)
+    body = {"model": MODEL, "input": "Hi", "max_output_tokens": 40, "stream": True}
+    with running(a, b, gw):
+        with httpx.stream("POST", gw.url + "/v1/responses", json=body, timeout=30) as r:
+            assert r.status_code == 200
+            got = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+        assert_nothing_held(gw.url, {})
+
+    kinds = [e["type"] for e in got]
+    assert [e["sequence_number"] for e in got] == list(range(len(got)))
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done",
+                          "response.output_item.done", "response.completed"], kinds  # fmt: skip
+    assert got[-1]["response"]["output"][0]["content"][0]["text"] == "Hello"

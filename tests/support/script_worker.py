@@ -3,17 +3,18 @@
 Every generation request is answered with the script's events, written as they are (raw
 bytes, one chunked write each, so a test chooses the framing, the ids and any lie):
 
-* a new answer (``/v1/chat/completions``, or ``/v1/completions`` whose prompt is text) gets the
-  script's ``first`` events for its route (``chat`` or ``completions``), then the worker exits
-  mid-body (as ``kill -9``);
+* a new answer (``/v1/chat/completions``, ``/v1/responses``, or ``/v1/completions`` whose
+  prompt is text) gets the script's events for its route (``chat``, ``responses`` or
+  ``completions``), then the worker exits mid-body (as ``kill -9``);
 * a continuation (``/v1/completions`` whose prompt is token ids, or a chat with
   ``continue_final_message``) gets the script's ``rest`` events, then a clean end.
 
+``/tokenize`` answers one token a character (the JSON of ``messages``, or ``prompt``), and
 ``GET /stats`` gives every request it took. Run it as a process::
 
     python -m tests.support.script_worker --port 8123 --model m --script script.json
 
-where ``script.json`` is ``{"chat": [...], "completions": [...], "rest": [...]}`` (each a list
+where ``script.json`` is ``{"chat": [...], "responses": [...], "rest": [...]}`` (each a list
 of strings, every one written as one chunk).
 """
 
@@ -25,6 +26,8 @@ import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+_ROUTES = {"/v1/chat/completions": "chat", "/v1/responses": "responses"}
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -62,9 +65,13 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(length) or b"{}")
         with self.lock:
             self.seen.append({"path": self.path, "body": body})
+        if self.path == "/tokenize":  # one token a character, its code point
+            text = json.dumps(body.get("messages")) + str(body.get("prompt") or "")
+            self._json(200, {"tokens": [ord(c) for c in text], "max_model_len": 4096})
+            return
         prompt = body.get("prompt")
         going_on = isinstance(prompt, list) or bool(body.get("continue_final_message"))
-        route = "chat" if self.path == "/v1/chat/completions" else "completions"
+        route = _ROUTES.get(self.path, "completions")
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")

@@ -164,7 +164,7 @@ class ResponsesProgress(StreamProgress):
         self.items: list[Json] = []  # output items done
         self.outputs = 0  # output items added
         # the open message item: id, output_index, content_index (None: no part yet), its
-        # texts, and whether its text is done
+        # texts, and whether its text and its part are done
         self.item: Json | None = None
 
     def note(self, obj: Json) -> None:
@@ -198,6 +198,8 @@ class ResponsesProgress(StreamProgress):
             self._delta(obj)
         elif kind == "response.output_text.done" and self.item is not None:
             self.item["done"] = True
+        elif kind == "response.content_part.done" and self.item is not None:
+            self.item["part_done"] = True
         elif kind == "response.output_item.done":
             if isinstance(obj.get("item"), dict):
                 self.items.append(obj["item"])
@@ -216,7 +218,7 @@ class ResponsesProgress(StreamProgress):
         itype = item.get("type") if isinstance(item, dict) else None
         if itype == "message" and isinstance(item, dict):
             self.item = {"id": item.get("id"), "output_index": index, "content_index": None,
-                         "texts": [], "done": False}  # fmt: skip
+                         "texts": [], "done": False, "part_done": False}  # fmt: skip
         elif itype == "reasoning":
             self.broken = "reasoning"
         else:
@@ -276,10 +278,11 @@ class ResponsesProgress(StreamProgress):
             text = "".join(item["texts"])
             where = {"item_id": item["id"], "output_index": item["output_index"]}
             part: Json = {"annotations": [], "text": text, "type": "output_text", "logprobs": None}
+            at = {**where, "content_index": item["content_index"]}
             if item["content_index"] is not None and not item["done"]:
-                at = {**where, "content_index": item["content_index"]}
                 out += self.send({**at, "logprobs": [], "text": text,
                                   "type": "response.output_text.done"})  # fmt: skip
+            if item["content_index"] is not None and not item["part_done"]:  # (a cut between)
                 out += self.send({**at, "part": part, "type": "response.content_part.done"})
             done = {"id": item["id"], "content": [part] if text else [], "role": "assistant",
                     "status": "completed", "type": "message", "phase": None}  # fmt: skip
