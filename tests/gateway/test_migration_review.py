@@ -79,7 +79,7 @@ def _chat_event(content: str | None, ids: str, finish: str | None = None) -> str
     """A chat chunk framed as vLLM 0.32 frames it, its ``token_ids`` member written raw."""
     delta = {} if content is None else {"content": content}
     choice = json.dumps({"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish},
-                        separators=(",", ":"))[:-1]  # fmt: skip
+                        separators=(",", ":"), ensure_ascii=False)[:-1]  # fmt: skip
     head = '{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m",'
     return f'data: {head}"choices":[{choice},"token_ids":{ids}}}]}}\n\n'
 
@@ -92,7 +92,9 @@ ROLE = (
 REST = [_chat_event(" world", "null"), _chat_event("", "null", "stop"), "data: [DONE]\n\n"]
 
 
-def _scripted(tmp: Path, script: dict[str, list[str]]) -> tuple[Proc, Proc, Proc]:
+def _scripted(
+    tmp: Path, script: dict[str, list[str]], migrations: int = 2, **server: Any
+) -> tuple[Proc, Proc, Proc]:
     path = tmp / "script.json"
     path.write_text(json.dumps(script))
     procs = []
@@ -102,7 +104,8 @@ def _scripted(tmp: Path, script: dict[str, list[str]]) -> tuple[Proc, Proc, Proc
                 "--model", MODEL, "--script", str(path)]  # fmt: skip
         procs.append(Proc(argv, f"http://127.0.0.1:{port}", tmp / f"script-{port}.log"))
     a, b = procs
-    cfg = gateway_config([("a", a, 4), ("b", b, 4)], routing={"prefix_affinity": False})
+    routing = {"prefix_affinity": False, "migrations": migrations}
+    cfg = gateway_config([("a", a, 4), ("b", b, 4)], routing=routing, server=server)
     return gateway(cfg, tmp), a, b
 
 
@@ -197,3 +200,81 @@ def test_responses_cut_between_its_text_done_and_part_done_ends_every_open_event
     assert kinds[-4:] == ["response.output_text.done", "response.content_part.done",
                           "response.output_item.done", "response.completed"], kinds  # fmt: skip
     assert got[-1]["response"]["output"][0]["content"][0]["text"] == "Hello"
+
+
+def test_a_client_that_leaves_during_the_continuation_frees_everything(tmp_path: Path) -> None:
+    """The first worker dies, the other goes on from the ids, sends a token and goes silent;
+    the client leaves then: the continuation's slot, lease and connection are given back."""
+    script = {"chat": [ROLE, _chat_event("He", "[72,101]")],
+              "rest": [_completion_event(" wor", "[32,119]"), "SLEEP"]}  # fmt: skip
+    gw, a, b = _scripted(tmp_path, script)
+    with running(a, b, gw):
+        text = ""
+        with httpx.stream("POST", gw.url + "/v1/chat/completions", json=CHAT, timeout=30) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    choices = json.loads(line[6:])["choices"]
+                    text += "".join(c["delta"].get("content") or "" for c in choices)
+                if text == "He wor":
+                    break  # the client leaves while the continuation is silent
+        seen = _survivor_seen(a, b)
+        assert_nothing_held(gw.url, {}, within_s=5)
+
+    assert text == "He wor"
+    assert [s["path"] for s in seen] == ["/v1/completions"]  # it went on from the ids
+
+
+def _completion_event(text: str, ids: str) -> str:
+    choice = json.dumps({"index": 0, "text": text, "logprobs": None, "finish_reason": None,
+                         "stop_reason": None, "prompt_token_ids": None},
+                        separators=(",", ":"))[:-1]  # fmt: skip
+    head = '{"id":"cmpl-2","object":"text_completion","created":2,"model":"m",'
+    return f'data: {head}"choices":[{choice},"token_ids":{ids}}}]}}\n\n'
+
+
+def test_ids_split_across_reads_beside_quotes_and_unicode_are_kept_and_taken_out(
+    tmp_path: Path,
+) -> None:
+    """An event whose text holds the member's own spelling (escaped quotes) and non-ASCII
+    text, written in two reads that cut its id list: the client reads the event as the worker
+    writes it without the flag (the list ``null``), and the move goes on from its ids."""
+    event = _chat_event('he said \\"token_ids\\":[9] — é"', "[72,101]")
+    cut = event.index("[72,") + 4
+    script = {"chat": [ROLE, event[:cut], event[cut:]], "rest": REST}
+    gw, a, b = _scripted(tmp_path, script)
+    with running(a, b, gw):
+        with httpx.stream("POST", gw.url + "/v1/chat/completions", json=CHAT, timeout=30) as r:
+            raw = b"".join(r.iter_raw())
+        seen = _survivor_seen(a, b)
+        assert_nothing_held(gw.url, {})
+
+    events = raw.split(b"\n\n")
+    assert events[1] + b"\n\n" == event.replace("[72,101]", "null").encode()
+    assert seen[0]["path"] == "/v1/completions"
+    assert seen[0]["body"]["prompt"] == [1, 2, 3, 72, 101]
+
+
+@pytest.mark.parametrize("migrations", [0, 2])
+def test_a_long_prompt_whose_ids_outgrow_an_event_is_answered(
+    tmp_path: Path, migrations: int
+) -> None:
+    """A prompt within ``max_body_bytes`` (the event bound's default) is answered whether or
+    not its stream may move: the ids the gateway asks for (six bytes a token, here one token
+    a character) must not make the worker's first event too large for the gateway to read."""
+    content = "x" * 200_000
+    prompt = ",".join(str(10_000 + i % 90_000) for i in range(len(content) + 8))
+    role = ROLE.replace('"prompt_token_ids":[1,2,3]', f'"prompt_token_ids":[{prompt}]')
+    rest = [_chat_event("", "[2]", "stop"), "data: [DONE]\n\n", "END"]
+    script = {"chat_ids": [role, _chat_event("Hello", "[72]"), *rest],
+              "chat": [ROLE.replace("[1,2,3]", "null"), _chat_event("Hello", "null"), *rest],
+              "rest": []}  # fmt: skip
+    gw, a, b = _scripted(tmp_path, script, migrations, max_body_bytes=256 * 1024)
+    body = {**CHAT, "messages": [{"role": "user", "content": content}]}
+    with running(a, b, gw):
+        events = _stream(gw, body)
+        assert_nothing_held(gw.url, {})
+
+    assert events[-1] == "[DONE]" and '"error"' not in "".join(events)
+    text = "".join(json.loads(e)["choices"][0]["delta"].get("content") or ""
+                   for e in events[:-1])  # fmt: skip
+    assert text == "Hello"

@@ -5,7 +5,8 @@ bytes, one chunked write each, so a test chooses the framing, the ids and any li
 
 * a new answer (``/v1/chat/completions``, ``/v1/responses``, or ``/v1/completions`` whose
   prompt is text) gets the script's events for its route (``chat``, ``responses`` or
-  ``completions``), then the worker exits mid-body (as ``kill -9``);
+  ``completions``; ``chat_ids`` instead, where given, for a request that asks for
+  ``return_token_ids``), then the worker exits mid-body (as ``kill -9``);
 * a continuation (``/v1/completions`` whose prompt is token ids, or a chat with
   ``continue_final_message``) gets the script's ``rest`` events, then a clean end.
 
@@ -15,7 +16,8 @@ bytes, one chunked write each, so a test chooses the framing, the ids and any li
     python -m tests.support.script_worker --port 8123 --model m --script script.json
 
 where ``script.json`` is ``{"chat": [...], "responses": [...], "rest": [...]}`` (each a list
-of strings, every one written as one chunk).
+of strings, every one written as one chunk; ``"SLEEP"`` stays silent for 30 s instead,
+``"END"`` ends the answer cleanly there).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import argparse
 import json
 import os
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -76,7 +79,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
+        if body.get("return_token_ids") and route + "_ids" in self.script:
+            route += "_ids"  # what it writes when asked for the ids
         for part in self.script["rest" if going_on else route]:
+            if part == "SLEEP":  # a worker that goes silent (the client may leave meanwhile)
+                time.sleep(30)
+                continue
+            if part == "END":  # the answer is whole: a clean end, no death
+                going_on = True
+                break
             data = part.encode()
             self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
             self.wfile.flush()

@@ -61,6 +61,7 @@ from gpupool.gateway.upstream.limits import WorkerLimits
 from gpupool.workers.registry import Registry, WorkerState
 
 _BYTES_PER_TOKEN = 4  # a prompt's reserved tokens when not counted (the bound is bytes)
+_ID_BYTES = 8  # the most a token id takes in vLLM's list of them (six digits and a comma)
 
 
 class Pipeline:
@@ -220,6 +221,11 @@ class Pipeline:
         """How many token ids a stream that may move keeps, asked of its worker so a move
         goes on from them (``continue_ids.py``); 0: not asked."""
         if not (req.stream and kind.usage_option and self.cfg.routing.migrations):
+            return 0
+        # vLLM writes the prompt's ids in the stream's first event: a prompt whose ids could
+        # outgrow the event bound the relay reads with (a token is at least a byte of the
+        # request, its id at most _ID_BYTES) is not asked (a move goes on from its text)
+        if _ID_BYTES * len(req.raw) > WorkerLimits.of(self.cfg.server).max_event_bytes:
             return 0
         return ids_cap(req.body, kind.shape is Shape.chat)
 
