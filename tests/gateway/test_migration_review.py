@@ -278,3 +278,16 @@ def test_a_long_prompt_whose_ids_outgrow_an_event_is_answered(
     text = "".join(json.loads(e)["choices"][0]["delta"].get("content") or ""
                    for e in events[:-1])  # fmt: skip
     assert text == "Hello"
+
+
+def test_a_worker_that_dies_after_its_done_line_ends_the_stream_once(tmp_path: Path) -> None:
+    """The worker wrote its whole answer and ``data: [DONE]``, then its connection broke
+    before the body's end (``kill -9``, a drain's deadline): the client reads one ``[DONE]``."""
+    script = {"chat": [ROLE, _chat_event("Hi", "[72,105]"), _chat_event("", "[2]", "stop"),
+                       "data: [DONE]\n\n"], "rest": []}  # fmt: skip
+    gw, a, b = _scripted(tmp_path, script)
+    with running(a, b, gw):
+        events = _stream(gw, CHAT)
+        assert_nothing_held(gw.url, {})
+
+    assert events.count("[DONE]") == 1, events

@@ -218,6 +218,7 @@ class Resume:
             if payload.startswith(b":"):
                 out += payload + b"\n\n"
             elif payload == b"[DONE]":
+                self.progress.done = True
                 out += b"data: [DONE]\n\n"
             else:
                 try:
@@ -291,7 +292,8 @@ def _carries(choices: list[Any]) -> bool:
 
 def end_events(progress: Progress, chat: bool) -> bytes:
     """The end of a stream whose every token went out before its worker died: its finish
-    reason (``length``) unless it went out already, and ``[DONE]``."""
+    reason (``length``) unless it went out already, and ``[DONE]`` unless it did (the worker
+    died after writing it, before its body's end)."""
     out = b""
     if not progress.finished:
         choice: Json = {"index": 0, "finish_reason": "length"}
@@ -302,4 +304,4 @@ def end_events(progress: Progress, chat: bool) -> bytes:
             choice["text"] = ""
             obj = {**progress.ids, "object": "text_completion", "choices": [choice]}
         out = b"data: " + orjson.dumps(obj) + b"\n\n"
-    return out + b"data: [DONE]\n\n"
+    return out + (b"" if progress.done else b"data: [DONE]\n\n")

@@ -51,7 +51,8 @@ class StreamProgress:
     the rest impossible to continue exactly (``broken``). ``origin``: the request as its first
     worker got it, once a move needed it. Subclasses read their route's events (``note``)."""
 
-    __slots__ = ("_buf", "_hold", "begun", "broken", "finished", "origin", "parts", "tokens")
+    __slots__ = ("_buf", "_hold", "begun", "broken", "done", "finished", "origin", "parts",
+                 "tokens")  # fmt: skip
 
     def __init__(self) -> None:
         self._buf = EventBuffer()
@@ -61,6 +62,7 @@ class StreamProgress:
         self.begun = False  # an event went out: a restart would repeat it
         self.broken: str | None = None
         self.finished = False
+        self.done = False  # a chat or completions stream's ``data: [DONE]`` went out
         self.origin: Json | None = None
 
     @property
@@ -81,6 +83,7 @@ class StreamProgress:
         self._hold, data = data[end:], data[:end]
         for payload in self._payloads(data):
             if not payload.startswith(b"{"):
+                self.done = self.done or payload == b"[DONE]"
                 continue
             try:
                 obj = orjson.loads(payload)
