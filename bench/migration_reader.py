@@ -51,7 +51,7 @@ def _route_event(event: bytes, make: type[StreamProgress]) -> float:
         p = make()
         if isinstance(p, ResponsesProgress):  # its delta counts on an open message item
             p.item = {"id": "msg", "output_index": 0, "content_index": 0, "texts": [],
-                      "done": False}  # fmt: skip
+                      "done": False, "part_done": False}  # fmt: skip
         for _ in range(EVENTS):
             p.feed(event)
 
