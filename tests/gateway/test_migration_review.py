@@ -280,14 +280,19 @@ def test_a_long_prompt_whose_ids_outgrow_an_event_is_answered(
     assert text == "Hello"
 
 
-def test_a_worker_that_dies_after_its_done_line_ends_the_stream_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("migrations", [0, 2])
+def test_a_worker_that_dies_after_its_done_line_ends_the_stream_once(
+    tmp_path: Path, migrations: int
+) -> None:
     """The worker wrote its whole answer and ``data: [DONE]``, then its connection broke
-    before the body's end (``kill -9``, a drain's deadline): the client reads one ``[DONE]``."""
+    before the body's end (``kill -9``, a drain's deadline): the client reads the answer and
+    one ``[DONE]``, nothing after it."""
     script = {"chat": [ROLE, _chat_event("Hi", "[72,105]"), _chat_event("", "[2]", "stop"),
                        "data: [DONE]\n\n"], "rest": []}  # fmt: skip
-    gw, a, b = _scripted(tmp_path, script)
+    gw, a, b = _scripted(tmp_path, script, migrations)
     with running(a, b, gw):
         events = _stream(gw, CHAT)
         assert_nothing_held(gw.url, {})
 
-    assert events.count("[DONE]") == 1, events
+    assert events.count("[DONE]") == 1 and events[-1] == "[DONE]", events
+    assert '"error"' not in "".join(events)

@@ -347,18 +347,37 @@ class Relay:
                 tail = (tail + chunk)[-16:]
                 if chunk:
                     yield chunk
-            if strip is not None and (held := strip.end()):
-                yield held  # the stream ended without its usage chunk
-            if tail.endswith(_DONE) or not plan.kind.usage_option:
-                ex.status = "200"  # only OpenAI's chunk streams end with [DONE]
-            else:
-                ex.status = "truncated"
-                yield stream_error(ex, UpstreamError("The worker ended the stream early."))
+            end = self._ended(ex, strip, tail)
         except UpstreamFailure as e:
-            ex.status = "upstream_error"
-            self._broke(ex, e)
-            held = strip.end() if strip is not None else b""
-            yield held + stream_error(ex, failure_error(e, "mid-stream"))
+            end = self._failed_end(ex, e, strip, tail)
+        if end:
+            yield end
+
+    @staticmethod
+    def _ended(ex: Exchange, strip: UsageStrip | None, tail: bytes) -> bytes:
+        """The end of a stream its worker ended: the usage chunk held back (the stream ended
+        without it), and the error event where a chat or completions stream lacks its
+        ``[DONE]`` (only OpenAI's chunk streams end with it)."""
+        held = strip.end() if strip is not None else b""
+        if tail.endswith(_DONE) or not ex.plan.kind.usage_option:
+            ex.status = "200"
+            return held
+        ex.status = "truncated"
+        return held + stream_error(ex, UpstreamError("The worker ended the stream early."))
+
+    def _failed_end(
+        self, ex: Exchange, e: UpstreamFailure, strip: UsageStrip | None, tail: bytes
+    ) -> bytes:
+        """The end of a stream whose worker failed after its head: nothing when its
+        ``[DONE]`` went out (the answer was whole, only the body's end broke), else the usage
+        chunk held back and the stream's error event."""
+        self._broke(ex, e)
+        if tail.endswith(_DONE):
+            ex.status = "200"
+            return b""
+        ex.status = "upstream_error"
+        held = strip.end() if strip is not None else b""
+        return held + stream_error(ex, failure_error(e, "mid-stream"))
 
     def _source(self, ex: Exchange) -> AsyncIterator[bytes]:
         """The stream's events as the client gets them, moves included: a Messages or
