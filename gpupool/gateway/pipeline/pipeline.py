@@ -225,7 +225,7 @@ class Pipeline:
         # vLLM writes the prompt's ids in the stream's first event: a prompt whose ids could
         # outgrow the event bound the relay reads with (a token is at least a byte of the
         # request, its id at most _ID_BYTES) is not asked (a move goes on from its text)
-        if _ID_BYTES * len(req.raw) > WorkerLimits.of(self.cfg.server).max_event_bytes:
+        if _ID_BYTES * len(req.raw) > self.relay.max_event_bytes:
             return 0
         return ids_cap(req.body, kind.shape is Shape.chat)
 
