@@ -292,7 +292,10 @@ def test_a_worker_that_dies_after_its_done_line_ends_the_stream_once(
     gw, a, b = _scripted(tmp_path, script, migrations)
     with running(a, b, gw):
         events = _stream(gw, CHAT)
+        moved = _metric(gw, "gpupool_migrations_total")
         assert_nothing_held(gw.url, {})
+        log = gw.logs()
 
     assert events.count("[DONE]") == 1 and events[-1] == "[DONE]", events
     assert '"error"' not in "".join(events)
+    assert moved == 0 and "failed mid-answer" not in log  # nothing was left to move

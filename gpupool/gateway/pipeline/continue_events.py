@@ -66,6 +66,8 @@ async def migrating(
             yield progress.rest()
             return
         except UpstreamFailure as e:
+            if progress.done:  # its [DONE] went out: the answer is whole, only its body's end
+                return  # broke (the relay ends the stream there)
             moved = await go_on(ex, e)
             if moved is None:
                 raise
