@@ -6,7 +6,13 @@ serve` that the main migration tests do not walk.
   client gets the error event, and the refusal is counted and logged as every other one is.
 * A worker asked for its token ids that lies about them (``support/script_worker.py``): a list
   that is not ids (nested, strings) leaves every event the client reads valid JSON, and text
-  sent with an empty id list makes the answer go on from its text, not from ids that miss it.
+  sent with an empty id list makes the answer go on from its text, not from ids that miss it;
+  ids split across reads beside escaped quotes and non-ASCII text are kept and taken out.
+* A Responses stream cut between ``output_text.done`` and ``content_part.done`` gets both.
+* A client that leaves during a continuation leaves nothing held.
+* A prompt whose ids would outgrow the SSE event bound is answered (its ids are not asked).
+* A worker whose connection breaks after ``data: [DONE]`` ends the stream there: one
+  ``[DONE]``, no error, nothing moved.
 """
 
 from __future__ import annotations
