@@ -7,10 +7,11 @@ completions and ``/v1/responses``, half of the chat and completions asking for u
 disturbs one worker once every stream has begun: a stream on it must go on on another worker.
 Every client must read its whole answer, the same text an undisturbed worker gives (the
 simulator's greedy lorem), with no error event, one id, one end (``[DONE]``, a Messages stream's
-``message_stop``, a Responses stream's ``response.completed``, its sequence numbers without gap)
-and its tokens counted once; afterwards nothing is held (``assert_nothing_held``) and the
-gateway's resident memory is back within a bound of what it was after a warm-up round. Once with
-the memory backend, once with Redis (a real ``redis-server``).
+``message_stop``, a Responses stream's ``response.completed``, whose output is the text its
+deltas gave, its sequence numbers without gap) and its tokens counted once; afterwards nothing is
+held (``assert_nothing_held``) and the gateway's resident memory is back within a bound of what
+it was after a warm-up round. Once with the memory backend, once with Redis (a real
+``redis-server``).
 """
 
 from __future__ import annotations
@@ -119,6 +120,7 @@ class Client:
         self.done = 0  # [DONE], a Messages stream's message_stop, a Responses' completed
         self.ids: set[str] = set()  # the chunks' ids, or the Messages or Responses stream's id
         self.seqs: list[int] = []  # a Responses stream's sequence numbers
+        self.final = ""  # and its output's text, as response.completed gives it
         self.usage: dict[str, Any] | None = None
         self.worker: str | None = None  # the first (x-gpupool-worker)
 
@@ -161,6 +163,7 @@ class Client:
             self._text(obj["delta"])
         elif kind == "response.completed":
             self.usage = obj["response"]["usage"]
+            self.final = "".join(c["text"] for o in obj["response"]["output"] for c in o["content"])
             self.done += 1
 
     def _text(self, piece: str) -> None:
@@ -304,6 +307,7 @@ def test_200_streams_through_a_kill_a_drain_and_a_restart(
             assert cl.done == 1 and len(cl.ids) == 1, (name, i, cl.kind, cl.done, cl.ids)
             assert cl.tokens() in (None, TOKENS), (name, i, cl.kind, cl.usage)
             assert cl.seqs == list(range(len(cl.seqs))), (name, i, cl.seqs)
+            assert cl.kind != "responses" or cl.final == cl.text, (name, i, cl.final, cl.text)
     assert all(c.tokens() == TOKENS for c in reference if c.kind in ("messages", "responses"))
     # every kind of stream was on a disturbed worker (and went on: its checks above)
     on_hit = {c.kind for name, clients in rounds.items() for c in clients if c.worker == hit[name]}
