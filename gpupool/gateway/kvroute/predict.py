@@ -288,17 +288,21 @@ def status(kv: KvRouting | None, w: Worker) -> dict[str, Any] | None:
     return out
 
 
-def observe(kv: KvRouting, route: RouteRequest, worker: str, prompt: int, reported: int) -> None:
+def observe(
+    kv: KvRouting, route: RouteRequest, worker: str, prompt: int, reported: int,
+    moved: bool = False,
+) -> None:  # fmt: skip
     """vLLM answered a precisely routed request with ``reported`` cached tokens of ``prompt``:
     how far the prediction was (``tokens_differ``: the prompt was not the one predicted, as a
-    migrated request's continuation; its difference says nothing of the prediction, so the
-    error histogram leaves it out)."""
+    migrated request's continuation (``moved``: its usage counts the client's prompt, but the
+    worker read the prompt and the tokens generated before the move); its difference says
+    nothing of the prediction, so the error histogram leaves it out)."""
     pred = route.kv
     m = kv.metrics
     if pred is None or m is None or worker not in pred.cached:
         return
     predicted = pred.cached[worker]
-    if prompt and prompt != pred.tokens:
+    if moved or (prompt and prompt != pred.tokens):
         outcome = "tokens_differ"
     elif predicted == reported:
         outcome = "exact"

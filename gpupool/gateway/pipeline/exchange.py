@@ -223,7 +223,7 @@ class Exchange:
             d.router.served(plan.route, worker, took, self.completion)
             d.registry.succeeded(worker)
             if d.kv is not None and self.cached is not None:
-                observe(d.kv, plan.route, worker, self.prompt, self.cached)
+                observe(d.kv, plan.route, worker, self.prompt, self.cached, plan.migrations > 0)
 
 
 _NO_WINDOW = 1 << 24  # tokens: a worker whose window is unknown (no model's is this large)
