@@ -9,10 +9,12 @@ tenants' prefixes together), ``routing.kv_events.enabled``, then sends a mixed m
 workload (tenants with long prefixes, half of them with a ``cache_salt``, chat and completions,
 two at a time) and prints how gpupool's predicted cached tokens compared with vLLM's reported
 ``prompt_tokens_details.cached_tokens`` (``gpupool_kv_predictions_total``), and where not equal,
-the requests' numbers. ``--mode both`` runs the workload a second time on fresh workers with
-today's approximate affinity (``kv_events`` off) and prints, for each, the share of prompt tokens
-vLLM found cached and the requests' latency. Needs the vLLM venv and tiny models
-(``tests/vllm/README.md``); run it under ``flock /tmp/gpupool-heavy.lock`` on a shared machine.
+the requests' numbers (the gateway's log line for each miss: predicted, of which placed by a
+request just before and not stored yet, reported). ``--mode both`` runs the workload a second
+time on fresh workers with today's approximate affinity (``kv_events`` off) and prints, for
+each, the share of prompt tokens vLLM found cached and the requests' latency. Needs the vLLM
+venv and tiny models (``tests/vllm/README.md``); run it under ``flock /tmp/gpupool-heavy.lock``
+on a shared machine.
 """
 
 from __future__ import annotations
@@ -145,6 +147,8 @@ def run(args: argparse.Namespace, precise: bool) -> dict[str, Any]:
         finally:
             gw.terminate()
             gw.wait(60)
+        misses = [ln for ln in (tmp / "gateway.log").read_text(errors="replace").splitlines()
+                  if "kv prediction for" in ln]  # fmt: skip
     total = sum(outcomes.values())
     secs = sorted(s for _, _, s in done)
     return {"mode": "precise" if precise else "approximate", "workers": args.workers,
@@ -153,7 +157,8 @@ def run(args: argparse.Namespace, precise: bool) -> dict[str, Any]:
             "requests_with_hits": sum(1 for _, c, _ in done if c),
             "cached_share": round(sum(c for _, c, _ in done) / sum(p for p, _, _ in done), 4),
             "latency_p50_s": round(secs[len(secs) // 2], 3),
-            "latency_p90_s": round(secs[int(len(secs) * 0.9)], 3)}  # fmt: skip
+            "latency_p90_s": round(secs[int(len(secs) * 0.9)], 3),
+            "misses": misses}  # fmt: skip
 
 
 def main() -> None:

@@ -153,16 +153,19 @@ class KvRouting:
                         type(e).__name__, e)  # fmt: skip
             self._count(route.model, "approximate: tokenizing failed")
             return route
-        cached, hashes = {}, {}
+        cached, hashes, placed = {}, {}, {}
         for name, spec in specs.items():
             index = self.pool.index(name)
             if index is None:
                 continue
             blocks = by_spec[spec]
-            hit = min(index.prefix_blocks(blocks), max(len(ids) - 1, 0) // spec.block_size)
+            found, pending = index.prefix(blocks)
+            hit = min(found, max(len(ids) - 1, 0) // spec.block_size)
             cached[name], hashes[name] = hit * spec.block_size, blocks
+            if pending:
+                placed[name] = min(pending, hit) * spec.block_size
         self._count(route.model, "precise")
-        return replace(route, kv=KvPrediction(len(ids), cached, hashes))
+        return replace(route, kv=KvPrediction(len(ids), cached, hashes, placed))
 
     def _known(self, workers: list[Worker]) -> dict[str, hashing.HashSpec]:
         """The precisely known workers' hash specs (their index bounds set on the way)."""
@@ -308,6 +311,10 @@ def observe(
         outcome = "exact"
     else:
         outcome = "over" if predicted > reported else "under"
+        log.info("kv prediction for %s on %s missed: %d cached tokens predicted (%d of them "
+                 "placed by a request just before, not stored yet), %d reported, of %d",
+                 route.model, worker, predicted, pred.placed.get(worker, 0), reported,
+                 pred.tokens)  # fmt: skip
     m.kv_predictions.labels(route.model, worker, outcome).inc()
     if outcome != "tokens_differ":
         m.kv_prediction_error.labels(route.model).observe(abs(predicted - reported))

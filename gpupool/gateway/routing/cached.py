@@ -14,3 +14,6 @@ class KvPrediction:
     tokens: int  # the prompt's tokens, as computed
     cached: dict[str, int] = field(default_factory=dict)
     hashes: dict[str, list[int]] = field(default_factory=dict)
+    # of ``cached``, the tokens of blocks only placed there (a request just before, not yet
+    # stored): what a miss is read against (``kvroute.predict.observe``)
+    placed: dict[str, int] = field(default_factory=dict)

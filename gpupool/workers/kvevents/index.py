@@ -81,9 +81,14 @@ class BlockIndex:
 
     def prefix_blocks(self, hashes: Sequence[int], now: float | None = None) -> int:
         """How many of ``hashes``, from the first, are cached or about to be."""
+        return self.prefix(hashes, now)[0]
+
+    def prefix(self, hashes: Sequence[int], now: float | None = None) -> tuple[int, int]:
+        """How many of ``hashes``, from the first, are cached or about to be; and how many of
+        those are only about to be (placed here, not stored yet)."""
         now = time.monotonic() if now is None else now
         blocks, pending = self._blocks, self._pending
-        n = 0
+        n = placed = 0
         with self._lock:
             for h in hashes:
                 if h in blocks:
@@ -93,7 +98,8 @@ class BlockIndex:
                 if until is None or until < now:
                     break
                 n += 1
-        return n
+                placed += 1
+        return n, placed
 
     def placed(self, hashes: Sequence[int], now: float | None = None) -> None:
         """A request with these block hashes was just placed here: the ones cached are used

@@ -3,8 +3,11 @@ where the prompt sent was the one predicted (a migrated request's continuation i
 
 from __future__ import annotations
 
+import logging
 from types import SimpleNamespace
 from typing import Any, cast
+
+import pytest
 
 from gpupool.gateway.kvroute.predict import KvRouting, observe
 from gpupool.gateway.metrics import Metrics
@@ -38,3 +41,17 @@ def test_outcomes_and_the_error_histogram() -> None:
     count = _seen(m, "gpupool_kv_prediction_error_tokens_count", {"model": "tiny"})
     total = _seen(m, "gpupool_kv_prediction_error_tokens_sum", {"model": "tiny"})
     assert (count, total) == (2, 128)  # the continuation's 256 is not a prediction's error
+
+
+def test_a_miss_is_logged_with_what_was_only_placed(caplog: pytest.LogCaptureFixture) -> None:
+    """An ``over`` whose predicted blocks were partly placed by the request just before (not
+    stored yet: vLLM may not have computed them) says so, to tell it from an eviction."""
+    kv = cast(KvRouting, SimpleNamespace(metrics=Metrics()))
+    pred = KvPrediction(tokens=300, cached={"a": 256}, placed={"a": 128})
+    with caplog.at_level(logging.INFO, logger="gpupool.kvroute"):
+        observe(kv, RouteRequest("tiny", 300, True, kv=pred), "a", 300, 128)
+        observe(kv, RouteRequest("tiny", 300, True, kv=pred), "a", 300, 256)  # exact: quiet
+    assert [r.getMessage() for r in caplog.records] == [
+        "kv prediction for tiny on a missed: 256 cached tokens predicted (128 of them placed by "
+        "a request just before, not stored yet), 128 reported, of 300"
+    ]

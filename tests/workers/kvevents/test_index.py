@@ -32,6 +32,7 @@ def test_a_placement_counts_until_stored_or_expired() -> None:
     index.stored([1])
     index.placed([1, 2, 3], now=100.0)
     assert index.prefix_blocks([1, 2, 3], now=105.0) == 3
+    assert index.prefix([1, 2, 3], now=105.0) == (3, 2)  # of them, placed and not yet stored
     assert index.prefix_blocks([1, 2, 3], now=111.0) == 1  # never stored: forgotten
     index.stored([2])
     assert index.pending_count() == 1
