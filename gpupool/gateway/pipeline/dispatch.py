@@ -75,6 +75,7 @@ class Dispatcher:
                                               plan.ctx.headers, plan.stream)  # fmt: skip
                 ex.resp = resp
                 if resp.status < 400:
+                    ex.answered = True
                     await self._answered(ex)
                     return None
                 if ex.turn is not None:

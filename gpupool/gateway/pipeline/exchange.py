@@ -95,8 +95,8 @@ class Plan:
 
 
 class Exchange:
-    __slots__ = ("_closed", "_deps", "cached", "completion", "hold", "lease", "plan", "prompt",
-                 "resp", "status", "turn", "usage_body")  # fmt: skip
+    __slots__ = ("_closed", "_deps", "answered", "cached", "completion", "hold", "lease", "plan",
+                 "prompt", "resp", "status", "turn", "usage_body")  # fmt: skip
 
     def __init__(self, deps: ExchangeDeps, plan: Plan, lease: Lease, hold: Hold) -> None:
         self._deps = deps
@@ -104,6 +104,9 @@ class Exchange:
         self.lease = lease
         self.hold = hold
         self.resp: Response | None = None
+        # a worker took it (a status below 400): its tokens count from then on, even when it
+        # later moves and fails (``migrate.py`` drops ``resp`` then)
+        self.answered = False
         self.status: str = "cancelled"  # until the relay knows better
         self.prompt = 0
         self.completion = 0
@@ -204,10 +207,11 @@ class Exchange:
                     await self.hold.close(self._used())
 
     def _used(self) -> int | None:
-        """Tokens to charge: none when the worker never answered or answered an error; the
-        usage seen otherwise; None (the reservation stands) when it worked but said nothing,
-        as a stream cut before its usage chunk."""
-        if self.resp is None or (self.status.isdigit() and self.status != "200"):
+        """Tokens to charge: none when no worker ever answered or it ends in a worker's error;
+        the usage seen otherwise; None (the reservation stands) when it worked but said nothing,
+        as a stream cut before its usage chunk, moved or not (a move that finds no worker
+        charges as the same cut without migration)."""
+        if not self.answered or (self.status.isdigit() and self.status != "200"):
             return 0
         return self.tokens
 
