@@ -92,3 +92,47 @@ def test_a_cut_stream_that_cannot_move_charges_the_key_as_without_migration(
     assert text == "He" and '"error"' in events[-1] + events[-2], events
     assert reserved > 0
     assert charged == (USAGE["total_tokens"] if usage else reserved)
+
+
+def test_a_stream_moved_and_completed_charges_the_usage_its_client_reads(tmp_path: Path) -> None:
+    """The same cut with a second worker: the answer goes on there and ends, and the key is
+    charged the usage the client reads (the continuation's, counted over the whole answer)."""
+    rest = [_text(" world", False), f'data: {HEAD}"choices":[],"usage":{json.dumps(USAGE)}}}\n\n',
+            "data: [DONE]\n\n"]  # fmt: skip
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"chat": [ROLE, _text("He", False), "SLEEP"], "rest": rest}))
+    workers, store = [], redis_server(tmp_path)
+    for _ in range(2):
+        port = free_port()
+        argv = [sys.executable, "-m", "tests.support.script_worker", "--port", str(port),
+                "--model", MODEL, "--script", str(script)]  # fmt: skip
+        workers.append(Proc(argv, f"http://127.0.0.1:{port}", tmp_path / f"script-{port}.log"))
+    cfg = gateway_config([("a", workers[0], 4), ("b", workers[1], 4)],
+                         queue={"backend": "redis", "redis_url": store.url},
+                         routing={"prefix_affinity": False})  # fmt: skip
+    cfg["auth"] = {"enabled": True, "admin_key_sha256": _h(ADMIN),
+                   "keys": [{"name": NAME, "sha256": _h(KEY), "tpm": 100_000}]}  # fmt: skip
+    body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
+                            "stream": True, "max_tokens": 40,
+                            "stream_options": {"include_usage": True}}  # fmt: skip
+    with running(*workers, store):
+        gw = gateway(cfg, tmp_path)
+        with running(gw), redis.Redis.from_url(store.url) as r:
+            text, usages = "", []
+            with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body,
+                              headers=AUTH, timeout=30) as resp:  # fmt: skip
+                for line in resp.iter_lines():
+                    if not line.startswith("data: {"):
+                        continue
+                    obj = json.loads(line[6:])
+                    text += "".join(c["delta"].get("content") or "" for c in obj["choices"])
+                    usages += [obj["usage"]] if obj.get("usage") else []
+                    if text == "He":
+                        first = next(w for w in workers
+                                     if httpx.get(w.url + "/stats").json()["seen"])  # fmt: skip
+                        first.kill()
+            assert_nothing_held(gw.url, ADMIN_H)
+            charged = _charged(r)
+
+    assert text == "He world"
+    assert charged == usages[-1]["total_tokens"] > 0
