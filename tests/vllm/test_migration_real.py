@@ -2,15 +2,15 @@
 
 The same 24 streamed and 8 whole-answer requests (chat and completions, 900 tokens each with
 ``ignore_eos``) are answered twice: once undisturbed, once while one worker's vLLM API server is
-killed (``kill -9``) as soon as it holds ``BUSY`` requests and the gateway has relayed a
-stream's first event from it (the gateway's counts: clients reading 24 fast streams on a loaded
-machine lag their workers by seconds), so every stream on it is cut a few engine steps into its
-900 however fast or loaded the machine, and however routing spread them (at least
-``CUT_AT_LEAST`` must be). No client may see an error; at least 90 % of the answers must be the
-undisturbed text (greedy on identical weights; what differs is reported with the text around
-it), and every cut stream's text must be the surviving worker's own greedy first tokens and its
-continuation from their ids, asked again directly: nothing repeated or lost at the cut. One
-FAULT-RESULT line gives the numbers.
+killed (``kill -9``) as soon as its engine runs ``BUSY`` requests and has generated for them
+(its own metrics: the clients, and the gateway relaying 24 fast streams, lag their workers by
+seconds on a loaded machine), so every stream on it is cut a few engine steps into its 900
+however fast or loaded the machine, and however routing spread them (at least ``CUT_AT_LEAST``
+must be). No client may see an error; at least 90 % of the answers must be the undisturbed text
+(greedy on identical weights; what differs is reported with the text around it), and every cut
+stream's text must be the surviving worker's own greedy first tokens and its continuation from
+their ids, asked again directly: nothing repeated or lost at the cut. One FAULT-RESULT line
+gives the numbers.
 
 One stack of its own (two workers, about 3 GB each): run it under the machine's heavy-test lock.
 """
@@ -23,7 +23,6 @@ import os
 import re
 import signal
 import time
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,7 +46,9 @@ SLOTS = 16  # a worker's: the 32 requests spread over both, each worker's in one
 SEAM_CHARS = 32  # a difference this close after the cut is the seam's
 CUT_AT_LEAST = 4  # streams the kill must cut mid-answer (the victim holds about 12)
 BUSY = 10  # requests the killed worker holds (of its 16: about 12 streams, 4 whole answers)
-FIRST_EVENTS = re.compile(r"^gpupool_time_to_first_token_seconds_count\{([^}]*)\} (\S+)$", re.M)
+ENGINE_METRICS = "/metrics/?name[]=vllm:num_requests_running&name[]=vllm:generation_tokens_total"
+RUNNING = re.compile(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", re.M)
+GENERATED = re.compile(r"^vllm:generation_tokens_total\{[^}]*\} (\S+)$", re.M)
 
 
 def _worker(name: str, model_dir: Path, py: Path) -> dict[str, Any]:
@@ -210,11 +211,12 @@ async def _run(url: str, kill: Any = None) -> list[Read]:
     reqs = _requests()
     reads = [Read() for _ in reqs]
     async with httpx.AsyncClient(timeout=900, limits=httpx.Limits(max_connections=64)) as c:
-        before = await _first_events(c, url) if kill is not None else Counter()
+        engines = {w["name"]: w["url"] for w in _workers(url).values()} if kill else {}
+        before = {name: (await _engine(c, u))[1] for name, u in engines.items()}
         tasks = [asyncio.create_task(_one(c, url, p, b, i, reads[i]))
                  for i, (p, b) in enumerate(reqs)]  # fmt: skip
         if kill is not None:
-            victim = await _busiest(c, url, reads[:STREAMS], before)
+            victim = await _busiest(c, engines, before, reads[:STREAMS])
             if victim:
                 await asyncio.to_thread(kill, victim)
         await asyncio.gather(*tasks)
@@ -222,32 +224,27 @@ async def _run(url: str, kill: Any = None) -> list[Read]:
 
 
 async def _busiest(
-    c: httpx.AsyncClient, url: str, streams: list[Read], before: Counter[str]
+    c: httpx.AsyncClient, engines: dict[str, str], before: dict[str, float], streams: list[Read]
 ) -> str:
-    """The worker that holds ``BUSY`` requests once the gateway relayed a stream's first event
-    from it this round (``before``: the counts before it): its streams are a few engine steps
-    into their TOKENS. "" when every stream ended first. Polled: the state is the gateway's,
-    nothing waits on time."""
+    """The worker whose engine runs ``BUSY`` requests and has generated two tokens for each
+    since the round began (``before``: its count then): its streams are a few engine steps into
+    their TOKENS. Asked of the workers themselves: on a loaded machine the gateway relays (and
+    answers a poll) seconds behind them. "" when every stream ended first. Polled: nothing
+    waits on time."""
     while not all(r.ended for r in streams):
-        begun = await _first_events(c, url) - before
-        workers = (await c.get(url + "/admin/workers")).json()["data"]
-        for w in sorted(workers, key=lambda w: -int(w["inflight"])):
-            if int(w["inflight"]) >= BUSY and begun[w["name"]]:
-                return str(w["name"])
+        for name, engine in engines.items():
+            running, made = await _engine(c, engine)
+            if running >= BUSY and made - before[name] >= 2 * BUSY:
+                return name
         await asyncio.sleep(0.005)
     return ""
 
 
-async def _first_events(c: httpx.AsyncClient, url: str) -> Counter[str]:
-    """Streams whose first event the gateway relayed, by worker (its time-to-first-token
-    histogram's counts)."""
-    text = (await c.get(url + "/metrics")).text
-    out: Counter[str] = Counter()
-    for labels, count in FIRST_EVENTS.findall(text):
-        worker = re.search(r'worker="([^"]*)"', labels)
-        if worker:
-            out[worker[1]] += int(float(count))
-    return out
+async def _engine(c: httpx.AsyncClient, url: str) -> tuple[float, float]:
+    """A vLLM worker's requests running and tokens generated so far (its own metrics)."""
+    text = (await c.get(url + ENGINE_METRICS)).text
+    running = sum(float(v) for v in RUNNING.findall(text))
+    return running, sum(float(v) for v in GENERATED.findall(text))
 
 
 def _child_pids(pid: int) -> list[int]:
