@@ -299,9 +299,11 @@ def _replay(url: str, i: int, sent: int) -> tuple[str, str]:
 # whose kill cut streams was 32/32 identical with every seam exact (10, 11, 12 and 14 streams
 # cut); the text path's failures (21-22/32 under load: newlines fed back re-tokenized into
 # longer tokens) are gone with it. What keeps it xfail: beside two CPU burners its kill has not
-# yet landed mid-answer (three runs, three ways of waiting: the workers end 900 tokens in ~2 s
-# while the clients, then the gateway's counts as polled, lag), and the 6 refused continuations
-# seen once at 782f836 are not explained. Its FAULT-RESULT line is the measurement.
+# yet landed mid-answer (four runs, four ways of waiting: the workers end 900 tokens in ~2 s,
+# and the harness polls from the event loop that also reads the 24 streams, which the burners
+# starve until the round is over: a watcher of its own, a thread or a process, is the next
+# step), and the 6 refused continuations seen once at 782f836 are not explained. Its
+# FAULT-RESULT line is the measurement.
 @pytest.mark.xfail(strict=False, reason="not yet reliable: see the comment above")
 def test_kill_9_under_24_streams_and_8_whole_answers(twins: Proc) -> None:
     url = twins.url
