@@ -110,7 +110,9 @@ def test_answer_past_think_continues_whole_on_real_vllm(pool: dict[str, Any]) ->
         partial, continue_final_message=True, add_generation_prompt=False))  # fmt: skip
     assert r.status_code == 400 and "does not appear in the chat" in r.text, r.text
 
-    for _ in range(6):  # until the fake takes one (the real answers the others whole)
+    # until the fake takes one (the real answers the others whole); 30: beside two CPU burners
+    # at 53fdce4 routing sent 6 and 20 in a row to the real worker (its pace looked better)
+    for _ in range(30):
         first, events = _stream(gw.url)
         if first == "fake":
             break
@@ -179,7 +181,9 @@ def test_messages_stream_continues_on_real_vllm(pool: dict[str, Any]) -> None:
     if fake.proc is not None and fake.proc.poll() is not None:  # died in the chat test: again
         fake.start()
         wait_ready(gw, timeout=120, names=("fake", "real"))
-    for _ in range(6):  # until the fake takes one (the real answers the others whole)
+    # until the fake takes one (the real answers the others whole); 30: beside two CPU burners
+    # at 53fdce4 routing sent 6 and 20 in a row to the real worker (its pace looked better)
+    for _ in range(30):
         first, events = _anthropic_stream(gw.url)
         if first == "fake":
             break
@@ -236,7 +240,7 @@ def test_responses_stream_continues_on_real_vllm(pool: dict[str, Any]) -> None:
     if fake.proc is not None and fake.proc.poll() is not None:  # died in a test before: again
         fake.start()
         wait_ready(gw, timeout=120, names=("fake", "real"))
-    for _ in range(20):  # until the fake takes one (the real answers the others whole)
+    for _ in range(30):  # until the fake takes one (the real answers the others whole)
         first, events = _responses_stream(gw.url)
         if first == "fake":
             break
