@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar
 import httpx
 import pytest
 
-from tests.support.procs import ROOT, Proc, gateway, running, sim
+from tests.support.procs import ROOT, Proc, free_port, gateway, running, sim
 
 MODEL = "tiny"
 BIG_WINDOW, SMALL_WINDOW = 2048, 768
@@ -40,6 +40,9 @@ def _worker(name: str, model_dir: Path, window: int, py: Path) -> dict[str, Any]
         "name": name,
         "model": MODEL,
         "launch": {
+            # a port from the tests' own lock (below the ephemeral range, held 300 s): a port
+            # gpupool picks by bind(0) stays free only until vLLM binds it, 30 s and more later
+            "port": free_port(),
             "model_path": str(model_dir),
             "command": [
                 str(py),

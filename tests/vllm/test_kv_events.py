@@ -28,7 +28,7 @@ import yaml
 import zmq
 
 from gpupool.workers.supervisor.command import kv_socket_dir
-from tests.support.procs import Proc, gateway, running
+from tests.support.procs import Proc, free_port, gateway, running
 from tests.vllm.conftest import _paths
 
 MODEL = "tiny"
@@ -44,6 +44,9 @@ def _worker(name: str, model_dir: str, py: str) -> dict[str, Any]:
         "name": name,
         "model": MODEL,
         "launch": {
+            # a port from the tests' own lock (below the ephemeral range, held 300 s): a port
+            # gpupool picks by bind(0) stays free only until vLLM binds it, 30 s and more later
+            "port": free_port(),
             "model_path": model_dir,
             "command": [py, "-m", "vllm.entrypoints.openai.api_server", "--model", "{model_path}"],
             "args": {

@@ -32,7 +32,7 @@ import pytest
 
 from tests.support.fault_tools import report
 from tests.support.hostile_tools import assert_nothing_held
-from tests.support.procs import Proc, gateway, running
+from tests.support.procs import Proc, free_port, gateway, running
 from tests.vllm.conftest import MODEL, _paths, wait_ready
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]
@@ -57,6 +57,9 @@ def _worker(name: str, model_dir: Path, py: Path) -> dict[str, Any]:
         "model": MODEL,
         "max_inflight": SLOTS,
         "launch": {
+            # a port from the tests' own lock (below the ephemeral range, held 300 s): a port
+            # gpupool picks by bind(0) stays free only until vLLM binds it, 30 s and more later
+            "port": free_port(),
             "model_path": str(model_dir),
             "command": [
                 str(py),

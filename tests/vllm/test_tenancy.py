@@ -24,7 +24,7 @@ import openai
 import pytest
 
 from tests.support.fault_tools import report
-from tests.support.procs import gateway, running
+from tests.support.procs import free_port, gateway, running
 from tests.vllm.conftest import _paths
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
@@ -56,6 +56,9 @@ def _worker(name: str, model_dir: Path, py: Path) -> dict[str, Any]:
         "name": name,
         "model": MODEL,
         "launch": {
+            # a port from the tests' own lock (below the ephemeral range, held 300 s): a port
+            # gpupool picks by bind(0) stays free only until vLLM binds it, 30 s and more later
+            "port": free_port(),
             "model_path": str(model_dir),
             "command": [
                 str(py),
