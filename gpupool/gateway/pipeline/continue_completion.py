@@ -93,6 +93,20 @@ def completion_body(origin: Json, ids: list[int], sent: int, room: int) -> Json 
     return out
 
 
+async def send_completion(dispatcher: Dispatcher, ex: Exchange, body: Json) -> bytes | None:
+    """Send ``body`` to ``ex``'s worker as ``POST /v1/completions`` in place of the request:
+    None when it answered, else why not (the error's message). The request's own body and
+    path come back after, so a further move continues from the request."""
+    plan = ex.plan
+    kept, plan.body, plan.target = plan.body, orjson.dumps(body), "/v1/completions"
+    try:
+        return await dispatcher.send(ex)
+    except GatewayError as err:
+        return err.message.encode()
+    finally:
+        plan.body, plan.target = kept, ""
+
+
 def as_chat(obj: Json) -> Json:
     """A ``text_completion`` chunk as the ``chat.completion.chunk`` it stands for."""
     choices = obj.get("choices")
@@ -170,13 +184,7 @@ class CompletionContinuation:
         sent = body(ids, window - len(ids))
         if sent is None:
             return b"no room left in the window"
-        kept, plan.body, plan.target = plan.body, orjson.dumps(sent), "/v1/completions"
-        try:
-            data = await self.dispatcher.send(ex)
-        except GatewayError as err:
-            data = err.message.encode()
-        finally:
-            plan.body, plan.target = kept, ""  # a further move continues from the request
+        data = await send_completion(self.dispatcher, ex, sent)
         if data is not None:
             return data
         log.warning("request %s: continued on worker %s as a completion of %d prompt and %d "

@@ -22,10 +22,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import orjson
-
-from gpupool.gateway.errors import GatewayError
-from gpupool.gateway.pipeline.continue_completion import AsChat, completion_body, text_only
+from gpupool.gateway.pipeline.continue_completion import (
+    AsChat,
+    completion_body,
+    send_completion,
+    text_only,
+)
 from gpupool.gateway.pipeline.dispatch import Dispatcher
 from gpupool.gateway.pipeline.exchange import Exchange
 from gpupool.gateway.transform.continuation import (
@@ -96,13 +98,7 @@ class IdsContinuation:
         body = ids_body(origin, progress.chat, prompt, progress.sent, room)
         if body is None:
             return b"no room left in the window"
-        kept, plan.body, plan.target = plan.body, orjson.dumps(body), "/v1/completions"
-        try:
-            data = await self.dispatcher.send(ex)
-        except GatewayError as err:
-            data = err.message.encode()
-        finally:
-            plan.body, plan.target = kept, ""  # a further move continues from the request
+        data = await send_completion(self.dispatcher, ex, body)
         if data is not None:
             return data
         log.warning("request %s: continued on worker %s from %d prompt and %d generated "
