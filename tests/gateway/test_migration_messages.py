@@ -11,7 +11,6 @@ request that offers tools is not continued: what the client read stays, then the
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,8 @@ import pytest
 
 from tests.support.fault_tools import MODEL, gateway_config
 from tests.support.hostile_tools import assert_nothing_held
-from tests.support.procs import Proc, free_port, gateway, running
+from tests.support.procs import gateway, running
+from tests.support.template_tools import asked, metric, survivor_of, template_worker
 from tests.support.template_worker import ANSWER, FULL, render
 
 pytestmark = [pytest.mark.timeout(60)]
@@ -43,32 +43,8 @@ CHAT = [
 DIE_AFTER = 7
 
 
-def _worker(tmp: Path) -> Proc:
-    port = free_port()
-    argv = [sys.executable, "-m", "tests.support.template_worker", "--port", str(port),
-            "--model", MODEL, "--die-after", str(DIE_AFTER)]  # fmt: skip
-    return Proc(argv, f"http://127.0.0.1:{port}", tmp / f"template-{port}.log")
-
-
-def _seen(p: Proc) -> list[dict[str, Any]]:
-    return list(httpx.get(p.url + "/stats", timeout=5).json()["seen"])
-
-
-def _alive(p: Proc) -> bool:
-    return p.proc is not None and p.proc.poll() is None
-
-
-def _metric(gw: Proc, name: str, **labels: str) -> float:
-    text = httpx.get(gw.url + "/metrics", timeout=5).text
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
 def test_messages_stream_goes_on_on_another_worker(tmp_path: Path) -> None:
-    a, b = _worker(tmp_path), _worker(tmp_path)
+    a, b = template_worker(tmp_path), template_worker(tmp_path)
     cfg = gateway_config([("a", a, 4), ("b", b, 4)], routing={"prefix_affinity": False})
     gw = gateway(cfg, tmp_path)
     with running(a, b, gw):
@@ -81,9 +57,9 @@ def test_messages_stream_goes_on_on_another_worker(tmp_path: Path) -> None:
             for ev in stream:
                 kinds.append(ev.type)
             message = stream.get_final_message()
-        survivor = a if _alive(a) else b
-        seen = _seen(survivor)
-        continued = _metric(gw, "gpupool_migrations_total", outcome="continued")
+        survivor = survivor_of(a, b)
+        seen = asked(survivor)
+        continued = metric(gw, "gpupool_migrations_total", outcome="continued")
         assert_nothing_held(gw.url, {})
         log = gw.logs()
 
@@ -113,7 +89,7 @@ def test_messages_stream_goes_on_on_another_worker(tmp_path: Path) -> None:
 
 
 def test_messages_stream_offering_tools_is_not_continued(tmp_path: Path) -> None:
-    a, b = _worker(tmp_path), _worker(tmp_path)
+    a, b = template_worker(tmp_path), template_worker(tmp_path)
     cfg = gateway_config([("a", a, 4), ("b", b, 4)], routing={"prefix_affinity": False})
     gw = gateway(cfg, tmp_path)
     tool = {"name": "look", "description": "Look it up.", "input_schema": {"type": "object"}}
@@ -123,9 +99,9 @@ def test_messages_stream_offering_tools_is_not_continued(tmp_path: Path) -> None
         with httpx.stream("POST", gw.url + "/v1/messages", json=body, timeout=30) as r:
             assert r.status_code == 200
             events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
-        refused = _metric(gw, "gpupool_migrations_total", outcome="refused")
-        survivor = a if _alive(a) else b
-        seen = _seen(survivor)
+        refused = metric(gw, "gpupool_migrations_total", outcome="refused")
+        survivor = survivor_of(a, b)
+        seen = asked(survivor)
         assert_nothing_held(gw.url, {})
         log = gw.logs()
 

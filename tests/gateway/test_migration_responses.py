@@ -14,7 +14,6 @@ counted with its reason). A whole answer whose worker dies is sent again from th
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,8 @@ import pytest
 
 from tests.support.fault_tools import MODEL, gateway_config
 from tests.support.hostile_tools import assert_nothing_held
-from tests.support.procs import Proc, free_port, gateway, running
+from tests.support.procs import Proc, gateway, running
+from tests.support.template_tools import alive, asked, metric, survivor_of, template_worker
 from tests.support.template_worker import ANSWER, FULL, render
 
 pytestmark = [pytest.mark.timeout(60)]
@@ -46,36 +46,12 @@ CHAT = [
 DIE_AFTER = 7
 
 
-def _worker(tmp: Path, die_after: int = DIE_AFTER) -> Proc:
-    port = free_port()
-    argv = [sys.executable, "-m", "tests.support.template_worker", "--port", str(port),
-            "--model", MODEL, "--die-after", str(die_after)]  # fmt: skip
-    return Proc(argv, f"http://127.0.0.1:{port}", tmp / f"template-{port}.log")
-
-
-def _seen(p: Proc) -> list[dict[str, Any]]:
-    return list(httpx.get(p.url + "/stats", timeout=5).json()["seen"])
-
-
-def _alive(p: Proc) -> bool:
-    return p.proc is not None and p.proc.poll() is None
-
-
-def _metric(gw: Proc, name: str, **labels: str) -> float:
-    text = httpx.get(gw.url + "/metrics", timeout=5).text
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
 def _config(a: Proc, b: Proc) -> dict[str, Any]:
     return gateway_config([("a", a, 4), ("b", b, 4)], routing={"prefix_affinity": False})
 
 
 def test_responses_stream_goes_on_on_another_worker(tmp_path: Path) -> None:
-    a, b = _worker(tmp_path), _worker(tmp_path)
+    a, b = template_worker(tmp_path), template_worker(tmp_path)
     gw = gateway(_config(a, b), tmp_path)
     with running(a, b, gw):
         client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0, timeout=30)
@@ -85,11 +61,11 @@ def test_responses_stream_goes_on_on_another_worker(tmp_path: Path) -> None:
             extra_body={"top_k": 5, "stop": ["STOP"]},
         )  # fmt: skip
         events = list(stream)
-        survivor = a if _alive(a) else b
-        seen = _seen(survivor)
-        continued = _metric(gw, "gpupool_migrations_total", outcome="continued")
+        survivor = survivor_of(a, b)
+        seen = asked(survivor)
+        continued = metric(gw, "gpupool_migrations_total", outcome="continued")
         assert_nothing_held(gw.url, {})  # the request is accounted: its tokens below
-        counted = {k: _metric(gw, "gpupool_tokens_total", kind=k) for k in ("prompt", "completion")}
+        counted = {k: metric(gw, "gpupool_tokens_total", kind=k) for k in ("prompt", "completion")}
         log = gw.logs()
 
     kinds = [e.type for e in events]
@@ -149,16 +125,16 @@ REFUSED = [
 def test_responses_stream_that_cannot_go_on_exactly_is_not_continued(
     tmp_path: Path, why: str, extra: dict[str, Any]
 ) -> None:
-    a, b = _worker(tmp_path), _worker(tmp_path)
+    a, b = template_worker(tmp_path), template_worker(tmp_path)
     gw = gateway(_config(a, b), tmp_path)
     body = {"model": MODEL, "input": "Hi", "max_output_tokens": 40, "stream": True, **extra}
     with running(a, b, gw):
         with httpx.stream("POST", gw.url + "/v1/responses", json=body, timeout=30) as r:
             assert r.status_code == 200
             events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
-        refused = _metric(gw, "gpupool_migrations_total", outcome="refused")
-        survivor = a if _alive(a) else b
-        seen = _seen(survivor)
+        refused = metric(gw, "gpupool_migrations_total", outcome="refused")
+        survivor = survivor_of(a, b)
+        seen = asked(survivor)
         assert_nothing_held(gw.url, {})
         log = gw.logs()
 
@@ -171,19 +147,22 @@ def test_responses_stream_that_cannot_go_on_exactly_is_not_continued(
 
 
 def test_whole_responses_answer_is_sent_again(tmp_path: Path) -> None:
-    a, b = _worker(tmp_path), _worker(tmp_path, die_after=0)  # a cuts its body, b answers whole
+    a, b = (
+        template_worker(tmp_path),
+        template_worker(tmp_path, die_after=0),
+    )  # a cuts its body, b answers whole
     gw = gateway(_config(a, b), tmp_path)
     with running(a, b, gw):
         client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0, timeout=30)
         answers = []
         for _ in range(20):  # until a took one (routing balances the two)
             answers.append(client.responses.create(model=MODEL, input="Hi"))
-            if not _alive(a):
+            if not alive(a):
                 break
-        restarted = _metric(gw, "gpupool_migrations_total", outcome="restarted")
+        restarted = metric(gw, "gpupool_migrations_total", outcome="restarted")
         assert_nothing_held(gw.url, {})
 
-    assert not _alive(a)
+    assert not alive(a)
     assert all(r.output_text == FULL and r.status == "completed" for r in answers)
     assert restarted == 1
 
@@ -191,7 +170,10 @@ def test_whole_responses_answer_is_sent_again(tmp_path: Path) -> None:
 def test_follow_up_stays_on_its_worker(tmp_path: Path) -> None:
     """A ``previous_response_id`` follow-up runs only where its conversation is stored: when
     that worker dies mid-answer, the stream ends with the error event (``refused`` counted)."""
-    a, b = _worker(tmp_path), _worker(tmp_path, die_after=0)  # b answers whole, cuts streams
+    a, b = (
+        template_worker(tmp_path),
+        template_worker(tmp_path, die_after=0),
+    )  # b answers whole, cuts streams
     gw = gateway(_config(a, b), tmp_path)
     with running(a, b, gw):
         client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0, timeout=30)
@@ -203,7 +185,7 @@ def test_follow_up_stays_on_its_worker(tmp_path: Path) -> None:
                           timeout=30) as r:  # fmt: skip
             assert r.status_code == 200, r.read()
             events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
-        refused = _metric(gw, "gpupool_migrations_total", outcome="refused")
+        refused = metric(gw, "gpupool_migrations_total", outcome="refused")
         assert_nothing_held(gw.url, {})
         log = gw.logs()
 

@@ -28,26 +28,11 @@ import pytest
 from tests.support.fault_tools import MODEL, gateway_config
 from tests.support.hostile_tools import assert_nothing_held
 from tests.support.procs import Proc, free_port, gateway, running
+from tests.support.template_tools import asked, metric, survivor_of, template_worker
 
 pytestmark = [pytest.mark.timeout(60)]
 
 DIE_AFTER = 7
-
-
-def _worker(tmp: Path, die_after: int = DIE_AFTER) -> Proc:
-    port = free_port()
-    argv = [sys.executable, "-m", "tests.support.template_worker", "--port", str(port),
-            "--model", MODEL, "--die-after", str(die_after)]  # fmt: skip
-    return Proc(argv, f"http://127.0.0.1:{port}", tmp / f"template-{port}.log")
-
-
-def _metric(gw: Proc, name: str, **labels: str) -> float:
-    text = httpx.get(gw.url + "/metrics", timeout=5).text
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 SPLIT_ROUTES = [
@@ -60,7 +45,7 @@ SPLIT_ROUTES = [
 def test_split_reasoning_stream_whose_worker_dies_is_counted_refused(
     tmp_path: Path, path: str, extra: dict[str, Any]
 ) -> None:
-    a, b = _worker(tmp_path), _worker(tmp_path)
+    a, b = template_worker(tmp_path), template_worker(tmp_path)
     cfg = gateway_config([("a", a, 4), ("b", b, 4)], routing={"prefix_affinity": False})
     cfg["models"] = [{"name": MODEL, "reasoning": "qwen3"}]  # the gateway splits <think>
     gw = gateway(cfg, tmp_path)
@@ -69,7 +54,7 @@ def test_split_reasoning_stream_whose_worker_dies_is_counted_refused(
         with httpx.stream("POST", gw.url + path, json=body, timeout=30) as r:
             assert r.status_code == 200
             events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
-        refused = _metric(gw, "gpupool_migrations_total", outcome="refused")
+        refused = metric(gw, "gpupool_migrations_total", outcome="refused")
         assert_nothing_held(gw.url, {})
         log = gw.logs()
 
@@ -121,11 +106,6 @@ def _stream(gw: Proc, body: dict[str, Any]) -> list[str]:
         return [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
 
 
-def _survivor_seen(a: Proc, b: Proc) -> list[dict[str, Any]]:
-    p = a if a.proc is not None and a.proc.poll() is None else b
-    return list(httpx.get(p.url + "/stats", timeout=5).json()["seen"])
-
-
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "stream": True,
         "max_tokens": 40}  # fmt: skip
 
@@ -140,7 +120,7 @@ def test_ids_that_are_not_token_ids_never_break_the_clients_json(tmp_path: Path,
     gw, a, b = _scripted(tmp_path, script)
     with running(a, b, gw):
         events = _stream(gw, CHAT)
-        seen = _survivor_seen(a, b)
+        seen = asked(survivor_of(a, b))
         assert_nothing_held(gw.url, {})
 
     objs = [json.loads(e) for e in events if e != "[DONE]"]  # every event is JSON
@@ -158,7 +138,7 @@ def test_text_whose_ids_the_worker_left_out_is_not_lost_at_the_cut(tmp_path: Pat
     gw, a, b = _scripted(tmp_path, script)
     with running(a, b, gw):
         events = _stream(gw, CHAT)
-        seen = _survivor_seen(a, b)
+        seen = asked(survivor_of(a, b))
         assert_nothing_held(gw.url, {})
 
     assert events[-1] == "[DONE]"
@@ -223,7 +203,7 @@ def test_a_client_that_leaves_during_the_continuation_frees_everything(tmp_path:
                     text += "".join(c["delta"].get("content") or "" for c in choices)
                 if text == "He wor":
                     break  # the client leaves while the continuation is silent
-        seen = _survivor_seen(a, b)
+        seen = asked(survivor_of(a, b))
         assert_nothing_held(gw.url, {}, within_s=5)
 
     assert text == "He wor"
@@ -251,7 +231,7 @@ def test_ids_split_across_reads_beside_quotes_and_unicode_are_kept_and_taken_out
     with running(a, b, gw):
         with httpx.stream("POST", gw.url + "/v1/chat/completions", json=CHAT, timeout=30) as r:
             raw = b"".join(r.iter_raw())
-        seen = _survivor_seen(a, b)
+        seen = asked(survivor_of(a, b))
         assert_nothing_held(gw.url, {})
 
     events = raw.split(b"\n\n")
@@ -298,7 +278,7 @@ def test_a_worker_that_dies_after_its_done_line_ends_the_stream_once(
     gw, a, b = _scripted(tmp_path, script, migrations)
     with running(a, b, gw):
         events = _stream(gw, CHAT)
-        moved = _metric(gw, "gpupool_migrations_total")
+        moved = metric(gw, "gpupool_migrations_total")
         assert_nothing_held(gw.url, {})
         log = gw.logs()
 

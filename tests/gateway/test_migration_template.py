@@ -16,7 +16,6 @@ split goes on over it).
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,8 @@ import pytest
 
 from tests.support.fault_tools import MODEL, gateway_config
 from tests.support.hostile_tools import assert_nothing_held
-from tests.support.procs import Proc, free_port, gateway, running
+from tests.support.procs import gateway, running
+from tests.support.template_tools import asked, survivor_of, template_worker
 from tests.support.template_worker import ANSWER, FULL, render
 
 pytestmark = [pytest.mark.timeout(60)]
@@ -33,17 +33,6 @@ pytestmark = [pytest.mark.timeout(60)]
 MESSAGES = [{"role": "user", "content": "What is it?"}]
 USAGE = {"include_usage": True}
 REASONING = "reasoning"
-
-
-def _worker(tmp: Path, die_after: int) -> Proc:
-    port = free_port()
-    argv = [sys.executable, "-m", "tests.support.template_worker", "--port", str(port),
-            "--model", MODEL, "--die-after", str(die_after), "--no-token-ids"]  # fmt: skip
-    return Proc(argv, f"http://127.0.0.1:{port}", tmp / f"template-{port}.log")
-
-
-def _seen(p: Proc) -> list[dict[str, Any]]:
-    return list(httpx.get(p.url + "/stats", timeout=5).json()["seen"])
 
 
 def _stream(url: str, body: dict[str, Any]) -> list[dict[str, Any] | str]:
@@ -65,7 +54,10 @@ def _stream(url: str, body: dict[str, Any]) -> list[dict[str, Any] | str]:
 def test_rewritten_chat_answer_continues_as_completion(
     tmp_path: Path, die_after: int, split: bool
 ) -> None:
-    a, b = _worker(tmp_path, die_after), _worker(tmp_path, die_after)
+    a, b = (
+        template_worker(tmp_path, "--no-token-ids", die_after=die_after),
+        template_worker(tmp_path, "--no-token-ids", die_after=die_after),
+    )
     cfg = gateway_config([("a", a, 4), ("b", b, 4)], routing={"prefix_affinity": False})
     if split:  # the gateway splits the reasoning: the raw text holds <think>, cut inside it
         cfg["models"] = [{"name": MODEL, "reasoning": "qwen3"}]
@@ -74,8 +66,8 @@ def test_rewritten_chat_answer_continues_as_completion(
         body = {"model": MODEL, "messages": MESSAGES, "stream": True, "max_tokens": 40,
                 "temperature": 0.7, "seed": 11, "stream_options": USAGE}  # fmt: skip
         events = _stream(gw.url, body)
-        survivor = a if a.proc is not None and a.proc.poll() is None else b
-        seen = _seen(survivor)
+        survivor = survivor_of(a, b)
+        seen = asked(survivor)
         assert_nothing_held(gw.url, {})
         log = gw.logs()
 

@@ -12,7 +12,6 @@ without ``return_token_ids``; a client that asks for the ids gets them as they c
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,8 @@ import pytest
 
 from tests.support.fault_tools import MODEL, gateway_config
 from tests.support.hostile_tools import assert_nothing_held
-from tests.support.procs import Proc, free_port, gateway, running
+from tests.support.procs import Proc, gateway, running
+from tests.support.template_tools import asked, survivor_of, template_worker
 from tests.support.template_worker import ANSWER, FULL, render
 
 pytestmark = [pytest.mark.timeout(60)]
@@ -34,28 +34,16 @@ PARTIAL = "".join(ANSWER[:DIE_AFTER])
 PROMPT = "What is it?<|assistant|>"  # the fake's completions answer follows its marker
 
 
-def _worker(tmp: Path, *extra: str) -> Proc:
-    port = free_port()
-    argv = [sys.executable, "-m", "tests.support.template_worker", "--port", str(port),
-            "--model", MODEL, "--die-after", str(DIE_AFTER), *extra]  # fmt: skip
-    return Proc(argv, f"http://127.0.0.1:{port}", tmp / f"template-{port}.log")
-
-
 @pytest.fixture
 def pair(tmp_path: Path) -> Iterator[tuple[Proc, Proc, Proc]]:
-    a, b = _worker(tmp_path), _worker(tmp_path)
+    a, b = (
+        template_worker(tmp_path, die_after=DIE_AFTER),
+        template_worker(tmp_path, die_after=DIE_AFTER),
+    )
     cfg = gateway_config([("a", a, 4), ("b", b, 4)], routing={"prefix_affinity": False})
     gw = gateway(cfg, tmp_path)
     with running(a, b, gw):
         yield gw, a, b
-
-
-def _survivor(a: Proc, b: Proc) -> Proc:
-    return a if a.proc is not None and a.proc.poll() is None else b
-
-
-def _seen(p: Proc) -> list[dict[str, Any]]:
-    return list(httpx.get(p.url + "/stats", timeout=5).json()["seen"])
 
 
 def test_a_chat_stream_goes_on_from_its_token_ids(pair: tuple[Proc, Proc, Proc]) -> None:
@@ -66,8 +54,8 @@ def test_a_chat_stream_goes_on_from_its_token_ids(pair: tuple[Proc, Proc, Proc])
         stream_options={"include_usage": True},
     )  # fmt: skip
     chunks = list(stream)
-    survivor = _survivor(a, b)
-    seen = _seen(survivor)
+    survivor = survivor_of(a, b)
+    seen = asked(survivor)
     assert_nothing_held(gw.url, {})
     log = gw.logs()
 
@@ -97,7 +85,7 @@ def test_a_completion_stream_goes_on_from_its_token_ids(pair: tuple[Proc, Proc, 
     usage_too = {"include_usage": True}
     chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, stream=True,
                                             max_tokens=60, stream_options=usage_too))  # fmt: skip
-    seen = _seen(_survivor(a, b))
+    seen = asked(survivor_of(a, b))
     assert_nothing_held(gw.url, {})
 
     assert "".join(c.choices[0].text for c in chunks if c.choices) == FULL
@@ -136,7 +124,7 @@ def test_before_the_cut_the_client_reads_the_bytes_vllm_writes_without_the_flag(
     gw, _, _ = pair
     body: dict[str, Any] = {"model": MODEL, "stream": True, "max_tokens": 60}
     body |= {"messages": MESSAGES} if "chat" in path else {"prompt": PROMPT}
-    alone = _worker(tmp_path)
+    alone = template_worker(tmp_path, die_after=DIE_AFTER)
     with running(alone):
         direct = _events(alone.url, path, body)
     through = _events(gw.url, path, body)
@@ -165,7 +153,7 @@ def test_a_client_that_asks_for_the_ids_gets_them_as_they_came(
 def test_a_split_reasoning_goes_on_from_the_ids_mid_thought(tmp_path: Path) -> None:
     """A model whose reasoning the gateway splits (its worker runs no parser): cut inside the
     thought, the ids carry the raw ``<think>`` text on, and the split goes on over it."""
-    a, b = _worker(tmp_path, "--die-after", "3"), _worker(tmp_path, "--die-after", "3")
+    a, b = template_worker(tmp_path, die_after=3), template_worker(tmp_path, die_after=3)
     cfg = gateway_config([("a", a, 4), ("b", b, 4)], routing={"prefix_affinity": False})
     cfg["models"] = [{"name": MODEL, "reasoning": "qwen3"}]
     gw = gateway(cfg, tmp_path)
@@ -173,7 +161,7 @@ def test_a_split_reasoning_goes_on_from_the_ids_mid_thought(tmp_path: Path) -> N
         client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0)
         chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES,  # type: ignore[arg-type]
                                                      stream=True, max_tokens=60))  # fmt: skip
-        seen = _seen(_survivor(a, b))
+        seen = asked(survivor_of(a, b))
         assert_nothing_held(gw.url, {})
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     reasoning = "".join((d.model_extra or {}).get("reasoning") or "" for d in deltas)
