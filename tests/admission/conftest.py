@@ -39,6 +39,11 @@ class FakeWorkers:
 
 _ids = itertools.count(1)
 
+# How long a test waits for a grant it expects. A grant is an event, so this bound only catches
+# one that never comes: 10 s, a ticket's own wait, as through Redis beside a loaded machine's other
+# work a grant took longer than the 2 s these tests once gave it (and `until` below ran out of 3 s)
+GRANT_S = 10.0
+
 
 def ticket(
     candidates: tuple[str, ...] = ("w1",),

@@ -9,7 +9,7 @@ import pytest
 from gpupool.gateway.admission.base import Admission, Lease
 from gpupool.gateway.errors import QueueFull, QueueTimeout
 
-from .conftest import FakeWorkers, Make, depth, enqueue, held, ticket, until
+from .conftest import GRANT_S, FakeWorkers, Make, depth, enqueue, held, ticket, until
 
 
 async def _chain(adm: Admission, tasks: dict[str, asyncio.Task[Lease]], first: Lease) -> list[str]:
@@ -23,7 +23,7 @@ async def _chain(adm: Admission, tasks: dict[str, asyncio.Task[Lease]], first: L
 
     relays = [asyncio.create_task(relay(n, t)) for n, t in tasks.items()]
     await adm.release(first)
-    await asyncio.wait_for(asyncio.gather(*relays), 5)
+    await asyncio.wait_for(asyncio.gather(*relays), GRANT_S * len(relays))
     return order
 
 
@@ -37,7 +37,7 @@ async def test_free_slot_is_immediate_and_capacity_is_a_hard_cap(make: Make) -> 
     assert not third.done()
     assert await held(adm, "w1") == 2
     await adm.release(a)
-    c = await asyncio.wait_for(third, 2)
+    c = await asyncio.wait_for(third, GRANT_S)
     assert c.worker == "w1" and c.queued_s > 0
     await adm.release(b)
     await adm.release(c)
@@ -78,7 +78,7 @@ async def test_one_tenant_cannot_fill_a_models_queue(make: Make) -> None:
     with pytest.raises(QueueFull):  # now the model's queue itself is full
         await adm.acquire(ticket(tenant="third"))
     await adm.release(holder)  # the first batch waiter is served: batch may queue one more
-    served = await asyncio.wait_for(batch[0], 2)
+    served = await asyncio.wait_for(batch[0], GRANT_S)
     batch.append(await enqueue(adm, ticket(tenant="batch")))
     assert (await adm.snapshot())["models"]["m"]["tenants"] == {"batch": 2, "chat": 2}
     batch[1].cancel()  # a cancelled waiter gives its place back too
@@ -147,9 +147,9 @@ async def test_fairness_keeps_working_after_the_backlog_is_served(make: Make) ->
     tasks = {f"a{i}": await enqueue(adm, ticket(tenant="A")) for i in range(4)}
     # serve two of A's requests, then B arrives: B goes next, not after A's remaining two
     await adm.release(holder)
-    l0 = await asyncio.wait_for(tasks.pop("a0"), 2)
+    l0 = await asyncio.wait_for(tasks.pop("a0"), GRANT_S)
     await adm.release(l0)
-    l1 = await asyncio.wait_for(tasks.pop("a1"), 2)
+    l1 = await asyncio.wait_for(tasks.pop("a1"), GRANT_S)
     tasks["b0"] = await enqueue(adm, ticket(tenant="B"))
     assert await _chain(adm, tasks, l1) == ["b0", "a2", "a3"]
 
@@ -162,13 +162,13 @@ async def test_freed_slot_goes_to_the_best_eligible_waiter(make: Make) -> None:
     either = await enqueue(adm, ticket(("w1", "w2"), priority=0))
     only_w1_low = await enqueue(adm, ticket(("w1",), priority=9))
     await adm.release(on_w1)  # best eligible for w1 is `either`; `only_w2` ranks higher but can't
-    got = await asyncio.wait_for(either, 2)
+    got = await asyncio.wait_for(either, GRANT_S)
     assert got.worker == "w1"
     assert not only_w2.done() and not only_w1_low.done()
     await adm.release(on_w2)
-    assert (await asyncio.wait_for(only_w2, 2)).worker == "w2"
+    assert (await asyncio.wait_for(only_w2, GRANT_S)).worker == "w2"
     await adm.release(got)
-    assert (await asyncio.wait_for(only_w1_low, 2)).worker == "w1"
+    assert (await asyncio.wait_for(only_w1_low, GRANT_S)).worker == "w1"
 
 
 async def test_cancelled_waiter_is_never_granted(make: Make) -> None:
@@ -181,7 +181,7 @@ async def test_cancelled_waiter_is_never_granted(make: Make) -> None:
         await gone
     assert await depth(adm) == 1
     await adm.release(holder)
-    lease = await asyncio.wait_for(stays, 2)
+    lease = await asyncio.wait_for(stays, GRANT_S)
     assert await held(adm, "w1") == 1
     await adm.release(lease)
     assert await held(adm, "w1") == 0
@@ -196,7 +196,7 @@ async def test_grant_racing_a_cancel_gives_the_slot_back(make: Make) -> None:
     await adm.release(holder)  # ...while the slot is being handed to it
     with pytest.raises(asyncio.CancelledError):
         await racer
-    lease = await asyncio.wait_for(next_in_line, 2)  # so the slot moves on, not leaked
+    lease = await asyncio.wait_for(next_in_line, GRANT_S)  # so the slot moves on, not leaked
     await adm.release(lease)
     assert await held(adm, "w1") == 0
 
@@ -206,16 +206,26 @@ async def test_on_wait_reports_positions_about_every_keepalive(make: Make) -> No
     holder = await adm.acquire(ticket())
     first = await enqueue(adm, ticket())
     seen: list[int] = []
+    at: list[float] = []  # loop time of each report
+    loop = asyncio.get_running_loop()
 
     async def on_wait(position: int) -> None:
         seen.append(position)
+        at.append(loop.time())
 
+    async def four() -> bool:
+        return len(seen) >= 4
+
+    began = loop.time()
     waiter = asyncio.create_task(adm.acquire(ticket(), on_wait))
-    await asyncio.sleep(0.33)
-    assert 3 <= len(seen) <= 7 and set(seen) == {2}
+    # four reports, however long a loaded machine takes (a count in a fixed 0.33 s was a rate
+    # that load lowers); none sooner than one keep-alive after the last (load only widens gaps)
+    await until(four)
+    gaps = [b - a for a, b in zip([began, *at], at, strict=False)]
+    assert min(gaps) >= 0.05 - 1e-6 and set(seen) == {2}, gaps
     await adm.release(holder)
-    await adm.release(await asyncio.wait_for(first, 2))
-    await adm.release(await asyncio.wait_for(waiter, 2))
+    await adm.release(await asyncio.wait_for(first, GRANT_S))
+    await adm.release(await asyncio.wait_for(waiter, GRANT_S))
 
 
 async def test_a_failing_on_wait_removes_the_waiter(make: Make) -> None:
@@ -243,7 +253,7 @@ async def test_poke_hands_slots_out_when_a_worker_comes_back(make: Make) -> None
     assert not waiter.done()
     workers.down.clear()
     adm.poke("w1")
-    assert (await asyncio.wait_for(waiter, 1)).worker == "w1"
+    assert (await asyncio.wait_for(waiter, GRANT_S)).worker == "w1"
 
 
 async def test_poke_after_capacity_grows(make: Make) -> None:
@@ -253,7 +263,7 @@ async def test_poke_after_capacity_grows(make: Make) -> None:
     waiter = await enqueue(adm, ticket())
     workers.caps["w1"] = 2
     adm.poke("w1")
-    assert (await asyncio.wait_for(waiter, 1)).worker == "w1"
+    assert (await asyncio.wait_for(waiter, GRANT_S)).worker == "w1"
     assert await held(adm, "w1") == 2
 
 
@@ -297,7 +307,7 @@ async def test_take_now_grants_only_what_acquire_would_grant_at_once(make: Make)
     assert adm.take_now(ticket()) is None  # full
     waiter = await enqueue(adm, ticket())
     assert adm.release_now(now)
-    granted = await asyncio.wait_for(waiter, 2)  # the freed slot went to the waiter
+    granted = await asyncio.wait_for(waiter, GRANT_S)  # the freed slot went to the waiter
     assert adm.take_now(ticket()) is None
     assert adm.release_now(granted) and adm.release_now(granted)  # twice is harmless
     assert await held(adm, "w1") == 0

@@ -10,7 +10,7 @@ import pytest
 
 from gpupool.gateway.errors import QueueFull
 
-from .conftest import FakeWorkers, Make, depth, enqueue, held, queue_config, ticket
+from .conftest import GRANT_S, FakeWorkers, Make, depth, enqueue, held, queue_config, ticket
 
 
 async def test_a_larger_queue_limit_admits_at_once(make: Make) -> None:
@@ -23,8 +23,8 @@ async def test_a_larger_queue_limit_admits_at_once(make: Make) -> None:
     second = await enqueue(adm, ticket(("w",)))
     assert await depth(adm) == 2
     await adm.release(busy)
-    await adm.release(await asyncio.wait_for(first, 3))
-    await adm.release(await asyncio.wait_for(second, 3))
+    await adm.release(await asyncio.wait_for(first, GRANT_S))
+    await adm.release(await asyncio.wait_for(second, GRANT_S))
     assert await held(adm, "w") == 0 and await depth(adm) == 0
 
 
@@ -36,7 +36,7 @@ async def test_reserved_seats_turned_off_hand_the_kept_slot_to_a_waiter(make: Ma
     mine = await adm.acquire(ticket(("w",)))
     waiting = await enqueue(adm, ticket(("w",)))
     adm.configure(queue_config("redis://unused", reserved_slots=0))
-    lease = await asyncio.wait_for(waiting, 3)  # memory at once; Redis at its next recheck
+    lease = await asyncio.wait_for(waiting, GRANT_S)  # memory at once; Redis at its next recheck
     assert lease.worker == "w"
     await adm.release(lease)
     await adm.release(mine)

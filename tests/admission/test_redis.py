@@ -23,7 +23,7 @@ from gpupool.gateway.admission.redis_backend import RedisAdmission
 from gpupool.gateway.errors import ServiceUnavailable
 from tests.conftest import RedisServer
 
-from .conftest import FakeWorkers, depth, enqueue, held, ticket, until
+from .conftest import GRANT_S, FakeWorkers, depth, enqueue, held, ticket, until
 from .replica_proc import TTL_S
 
 MakeRedis = Callable[..., Awaitable[RedisAdmission]]
@@ -180,7 +180,7 @@ async def test_a_queued_request_gets_503_when_redis_dies_under_reject(
     waiting = await enqueue(adm, ticket())
     await own_redis.akill()
     with pytest.raises(ServiceUnavailable):
-        await asyncio.wait_for(waiting, 2)
+        await asyncio.wait_for(waiting, GRANT_S)
 
 
 async def test_starting_with_redis_down_serves_locally_then_switches(
@@ -195,7 +195,7 @@ async def test_starting_with_redis_down_serves_locally_then_switches(
     await own_redis.astart()
     await until(_up(adm))
     # the local waiter moved to Redis, where the full capacity (3) applies
-    moved = await asyncio.wait_for(waiting, 2)
+    moved = await asyncio.wait_for(waiting, GRANT_S)
     assert moved.extra["via"] == "redis"
     assert (await adm.snapshot())["workers"]["w1"]["held"] == 2
     await adm.release(local)
@@ -212,6 +212,7 @@ class _Load:
         self.phase = "redis"
         self.peaks: dict[str, dict[str, int]] = {}
         self.served: dict[str, int] = {}
+        self.held_via: dict[str, int] = {"redis": 0, "local": 0}  # leases out, by how granted
         self.errors: list[BaseException] = []
         self.running = True
 
@@ -230,11 +231,23 @@ class _Load:
                 self.errors.append(exc)
                 continue
             self._enter(adm.replica_id)
+            via = lease.extra["via"]
+            self.held_via[via] += 1
             try:
                 await asyncio.sleep(0.005)
             finally:
                 self.now[adm.replica_id] -= 1
                 await adm.release(lease)
+                self.held_via[via] -= 1
+
+    async def drained(self, via: str) -> None:
+        """Wait until no lease granted ``via`` is held (an event, not a time: under load one
+        client's 5-ms hold can last far longer)."""
+
+        async def none_out() -> bool:
+            return self.held_via[via] == 0
+
+        await until(none_out, within=20.0)
 
     async def serves(self, n: int = 20) -> None:
         """Stay in this phase until it has served more than ``n`` (a count, not a time: a busy
@@ -260,18 +273,19 @@ async def test_redis_killed_and_restarted_under_load(
     await own_redis.akill()
     await until(_up(a, False))
     await until(_up(b, False))
-    await asyncio.sleep(0.2)  # leases taken through Redis are all gone by now
+    await load.drained("redis")  # the leases taken through Redis are all given back
     load.phase = "outage"
     await load.serves()
     load.phase = "recovering"
     await own_redis.astart()
     await until(_up(a))
     await until(_up(b))
-    await asyncio.sleep(0.2)
+    await load.drained("local")  # the leases taken while Redis was away are all given back
     load.phase = "recovered"
     await load.serves()
     load.running = False
-    await asyncio.wait_for(asyncio.gather(*clients), 5)
+    # each client ends after its last acquire (at most max_wait_s, 5 s) and that lease's release
+    await asyncio.wait_for(asyncio.gather(*clients), 5 + GRANT_S)
 
     seen = f"peaks={load.peaks} served={load.served}"
     assert load.errors == []  # the `local` policy served everyone

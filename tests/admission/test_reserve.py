@@ -7,12 +7,13 @@ slots wait for the others, so their next request starts at once instead of behin
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 
 from gpupool.gateway.admission.base import Admission, Lease
 from gpupool.gateway.admission.redis_backend import RedisAdmission
 
-from .conftest import FakeWorkers, Make, enqueue, held, ticket
+from .conftest import GRANT_S, FakeWorkers, Make, enqueue, held, ticket
 
 
 async def _fill(adm: Admission, tenant: str, n: int, worker: str = "w1") -> list[Lease]:
@@ -42,7 +43,7 @@ async def test_a_batch_leaves_a_seat_while_another_tenant_is_active(make: Make) 
     await asyncio.sleep(0.05)
     assert not any(t.done() for t in backlog) and await held(adm, "w1") == 3
     await adm.release(batch[0])  # batch's own slot goes back to batch
-    first = await asyncio.wait_for(backlog[0], 2)
+    first = await asyncio.wait_for(backlog[0], GRANT_S)
     assert await held(adm, "w1") == 3
     for task in backlog[1:]:
         task.cancel()
@@ -57,7 +58,7 @@ async def test_two_busy_tenants_still_fill_the_worker(make: Make) -> None:
     b = await _fill(adm, "b", 2)  # nobody is over the limit (3): all four slots in use
     waiting = [await enqueue(adm, ticket(tenant=t)) for t in ("a", "b")]
     await adm.release(a[0])  # a holds 1: its waiter (first in order) takes the slot
-    got = await asyncio.wait_for(waiting[0], 2)
+    got = await asyncio.wait_for(waiting[0], GRANT_S)
     assert got.worker == "w1" and await held(adm, "w1") == 4
     waiting[1].cancel()
     await asyncio.gather(waiting[1], return_exceptions=True)
@@ -66,15 +67,20 @@ async def test_two_busy_tenants_still_fill_the_worker(make: Make) -> None:
 
 
 async def test_the_seat_is_given_back_when_the_others_go_quiet(make: Make) -> None:
-    adm = await make(FakeWorkers(w1=4), reserved_slots=1, reserve_window_s=0.3)
+    # 1.5 s, not 0.3: the check below must come inside the window, after three acquires and two
+    # queued through Redis (at 0.3 s a 0.25-s stall there gave batch the seat: a false failure)
+    window_s = 1.5
+    adm = await make(FakeWorkers(w1=4), reserved_slots=1, reserve_window_s=window_s)
     await adm.release(await adm.acquire(ticket(tenant="chat")))
+    chat_seen = time.monotonic()
     batch = await _fill(adm, "batch", 3)
     backlog = [await enqueue(adm, ticket(tenant="batch")) for _ in range(2)]
     await asyncio.sleep(0.05)
     assert not any(t.done() for t in backlog)
-    await asyncio.sleep(0.4)  # chat's window is over: batch may fill the worker again
+    # chat's window is over: batch may fill the worker again
+    await asyncio.sleep(chat_seen + window_s + 0.1 - time.monotonic())
     await adm.release(batch[0])
-    leases = await asyncio.wait_for(asyncio.gather(*backlog), 2)
+    leases = await asyncio.wait_for(asyncio.gather(*backlog), GRANT_S)
     assert await held(adm, "w1") == 4
     for lease in [*leases, *batch[1:]]:
         await adm.release(lease)
@@ -90,11 +96,11 @@ async def test_a_tenant_waiting_elsewhere_counts_as_active_past_the_window(make:
     await asyncio.sleep(0.05)
     assert not fourth.done()  # chat still waits (for w2): the seat on w1 stays
     await adm.release(on_w2)
-    chat = await asyncio.wait_for(chat_waits, 2)
+    chat = await asyncio.wait_for(chat_waits, GRANT_S)
     await adm.release(chat)
     await asyncio.sleep(0.3)  # now chat is neither waiting nor recent
     await adm.release(batch[0])
-    await asyncio.wait_for(fourth, 2)
+    await asyncio.wait_for(fourth, GRANT_S)
     for lease in [fourth.result(), *batch[1:]]:
         await adm.release(lease)
 
@@ -132,7 +138,7 @@ async def test_a_batch_does_not_refill_a_worker_while_another_tenant_runs_there(
     await asyncio.sleep(0.05)
     assert not any(t.done() for t in backlog) and await held(adm, "w1") == 3
     await adm.release(chat)  # chat is gone: batch takes one slot back, the seat stays free
-    first = await asyncio.wait_for(backlog[0], 2)
+    first = await asyncio.wait_for(backlog[0], GRANT_S)
     await asyncio.sleep(0.05)
     assert not any(t.done() for t in backlog[1:]) and await held(adm, "w1") == 3
     await _drop(adm, [*batch[1:], first], backlog[1:])
@@ -143,7 +149,7 @@ async def test_a_batch_refills_beside_another_tenant_with_the_shared_limit_off(
 ) -> None:
     adm, batch, chat, backlog = await _shared_worker(make, shared_share=1.0)
     await adm.release(batch[0])  # batch holds 2 of 4: its waiter takes the slot at once
-    first = await asyncio.wait_for(backlog[0], 2)
+    first = await asyncio.wait_for(backlog[0], GRANT_S)
     assert await held(adm, "w1") == 4
     await _drop(adm, [*batch[1:], first, chat], backlog[1:])
 
