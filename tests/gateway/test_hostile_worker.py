@@ -287,9 +287,17 @@ def test_surplus_bytes_after_content_length_leave_the_answer_whole(
 def test_a_reply_to_a_request_not_sent_yet_is_never_an_answer(pool: Pool, watch: Watch) -> None:
     """After a good answer the worker writes another, unasked, on the idle kept-alive
     connection: the gateway drops that connection; the next request gets its own answer."""
+
+    def sent() -> int:
+        stats = httpx.get(pool.worker.url + "/stats", timeout=10).json()
+        return int(stats["modes"].get("early_reply.sent", 0))
+
+    before = sent()
     first = ask(pool, "early_reply")
     assert first.status == 200 and first.json()["id"] == "cmpl-h"
-    time.sleep(0.2)  # the unasked reply is on the wire now
+    # the worker wrote the unasked reply (an event: its 0.05 s pause may last longer under load)
+    wait_for(lambda: sent() > before, "the unasked reply sent", timeout=15)
+    time.sleep(0.2)  # and the gateway's loop has read it off the idle connection
     for _ in range(3):
         a = ask(pool, "ok")
         assert a.status == 200 and a.json()["id"] == "cmpl-h", a.body

@@ -332,6 +332,8 @@ async def early_reply(wk: Worker, req: dict[str, Any], w: Writer) -> bool:
     await asyncio.sleep(0.05)
     evil = json.dumps(wk.completion(req, id="not-yours", model="someone-elses-model")).encode()
     w.write(_ok(evil))
+    await w.drain()
+    wk.modes["early_reply.sent"] += 1  # /stats: the unasked reply is on the wire
     return True
 
 
