@@ -58,12 +58,16 @@ def _first_token_at(
 
 
 def _two(url: str, first: tuple[str, float], second: tuple[str, float]) -> dict[str, float]:
-    """Two streams, the second 0.1 s after the first: (prompt, prefill seconds) each."""
+    """Two streams, the second once the first is on the worker: (prompt, prefill seconds) each."""
     out: dict[str, float] = {}
     a = threading.Thread(target=_first_token_at, args=(url, *first, out, "a"))
     b = threading.Thread(target=_first_token_at, args=(url, *second, out, "b"))
     a.start()
-    time.sleep(0.1)
+    # an order, not a head start: after 0.1 s a loaded machine could still send `b` first
+    deadline = time.monotonic() + 30
+    while _inflight(url) < 1:
+        assert time.monotonic() < deadline, "the first stream never reached the worker"
+        time.sleep(0.01)
     b.start()
     a.join(30)
     b.join(30)
@@ -71,9 +75,12 @@ def _two(url: str, first: tuple[str, float], second: tuple[str, float]) -> dict[
     return out
 
 
+def _inflight(url: str) -> int:
+    return sum(w["inflight"] for w in httpx.get(url + "/admin/workers").json()["data"])
+
+
 def _idle(url: str) -> None:
-    workers = httpx.get(url + "/admin/workers").json()["data"]
-    assert all(w["inflight"] == 0 for w in workers)
+    assert _inflight(url) == 0
 
 
 def test_a_long_stream_starts_after_the_long_one_before_it_prefilled(
@@ -81,12 +88,12 @@ def test_a_long_stream_starts_after_the_long_one_before_it_prefilled(
 ) -> None:
     url = stack["gw"].url
     t = _two(url, (LONG, PREFILL_S), (LONG + " more", PREFILL_S))
-    assert t["b"] - t["a"] >= PREFILL_S * 0.75  # sent 0.1 s later; prefilled after `a`'s
+    assert t["b"] - t["a"] >= PREFILL_S * 0.75  # sent once `a` was on; prefilled after `a`'s
     _idle(url)
 
 
 def test_a_short_stream_is_not_held_behind_a_long_prefill(stack: dict[str, Any]) -> None:
     url = stack["gw"].url
     t = _two(url, (LONG, 5.0), ("hello", PREFILL_S))
-    assert t["b"] < t["a"]  # sent 0.1 s later, prefilled beside `a`, not after it
+    assert t["b"] < t["a"]  # sent once `a` was on, prefilled beside `a`, not after it
     _idle(url)
