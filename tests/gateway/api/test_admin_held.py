@@ -41,7 +41,8 @@ def test_held_shows_the_keys_file_keys_too(tmp_path: Path) -> None:
             call = pool.submit(httpx.post, g.url + "/v1/completions", json=body,
                                headers=headers, timeout=10)  # fmt: skip
             seen = []
-            for _ in range(40):
+            deadline = time.monotonic() + 30  # not 40 polls: the request may arrive late
+            while time.monotonic() < deadline and not call.done():
                 seen.append(held(g.url, ADMIN_HEADERS)["key_slots"])
                 if seen[-1] == {"inline": 0, "filed": 1}:
                     break

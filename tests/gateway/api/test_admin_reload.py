@@ -59,7 +59,10 @@ def test_drain_undrain_and_reload(tmp_path: Path) -> None:
         httpx.post(b.url + "/sim/control", json={"itl_ms": 30})
         t = threading.Thread(target=stream_on_a)
         t.start()
-        time.sleep(0.3)
+        deadline = time.monotonic() + 30  # routed (its head is back), not a 0.3-s head start
+        while not served_by:
+            assert t.is_alive() and time.monotonic() < deadline, "the stream never started"
+            time.sleep(0.01)
         # new config: a unchanged, b removed, c added, and a's capacity is NOT changed
         path = next(tmp_path.glob("gpupool-*.yaml"))
         second = yaml.safe_load(path.read_text())
