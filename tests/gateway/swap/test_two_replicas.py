@@ -70,7 +70,8 @@ def _sims(tmp: Path) -> Iterator[tuple[Proc, Proc]]:
 
 def _ready(gw: Proc) -> bool:
     try:
-        return httpx.get(gw.url + "/ready", timeout=2).status_code == 200
+        # 10 s, not 2: a loaded machine's slow answer is no "not ready" (and a ready check fails)
+        return httpx.get(gw.url + "/ready", timeout=10).status_code == 200
     except httpx.HTTPError:
         return False
 
