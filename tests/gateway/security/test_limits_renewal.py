@@ -70,6 +70,8 @@ async def test_a_renewal_landing_after_the_give_does_not_hold_the_slot_again(
     await asyncio.wait_for(late.landed.wait(), TTL_S)
     began = time.monotonic()
     while await limits.in_use("alice"):  # given again at once, not left to its lease
-        assert time.monotonic() - began < TTL_S / 3, "the ended request's slot is held again"
+        # a re-asserted hold lasts its whole TTL (3 s); 2 s leaves a loaded machine's Redis
+        # round trips more than the 1 s (one renewal period) this bound once was
+        assert time.monotonic() - began < TTL_S * 2 / 3, "the ended request's slot is held again"
         await asyncio.sleep(0.02)
     await (await limits.admit(alice)).close(None)  # the key's only slot is free
