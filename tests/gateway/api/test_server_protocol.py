@@ -18,7 +18,9 @@ import uvicorn
 from gpupool.gateway.api.protocol import guarded_protocol
 from tests.support.procs import free_port
 
-KEEP_ALIVE_S = 1.0
+# 2 s, requests 0.5 s apart: a busy connection is closed only by a stall of 1.5 s (at 1 s and 0.3,
+# a 0.7-s stall of this process lets the server's keep-alive timer run before the next request)
+KEEP_ALIVE_S = 2.0
 
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -105,10 +107,10 @@ async def test_header_injection_is_refused_not_written(server: int) -> None:
 
 async def test_busy_keep_alive_connection_stays_and_an_idle_one_is_closed(server: int) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", server)
-    # five requests 0.3 s apart span longer than the keep-alive timeout: never idle that long
+    # five requests 0.5 s apart span longer than the keep-alive timeout: never idle that long
     for _ in range(5):
         assert (await _exchange(reader, writer)).endswith(b'{"ok":true}')
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.5)
     assert (await _exchange(reader, writer)).endswith(b'{"ok":true}')
     # then idle: closed by the keep-alive timeout (well before this test's 5 s limit)
     assert await asyncio.wait_for(reader.read(), 5) == b""
