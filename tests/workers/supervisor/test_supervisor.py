@@ -711,9 +711,9 @@ async def test_start_after_waits_for_the_big_card_to_be_ready(tmp_path: Path) ->
         sup = Supervisor(registry, [big, small], ServerConfig(state_dir=str(tmp_path)), session)
         await sup.start()
         try:
-            await asyncio.sleep(0.6)
+            # as soon as small says it waits, not 0.6 s on (a stall past big's 1-s start runs it)
+            await _until(lambda: "waiting for big" in (sup.worker("small").last_error or ""))
             assert sup.worker("small").pid is None  # not launched yet
-            assert "waiting for big" in (sup.worker("small").last_error or "")
             await sup.wait_for("small", {WorkerState.ready}, 30)
             assert sup.worker("big").state is WorkerState.ready
         finally:
