@@ -261,7 +261,15 @@ def loaded(stack: dict[str, Any]) -> dict[str, Any]:
         return bool(total) and float(total[0]["value"][1]) >= REQUESTS
 
     _wait("Prometheus to scrape every request", scraped)
-    time.sleep(2.5)  # two more scrapes: every series has samples on both sides of the load
+    seen = float(prom.vector("max(timestamp(gpupool_requests_total))")[0]["value"][1])
+
+    def two_more_scrapes() -> bool:  # of every target (1-s interval), after the one that saw it
+        latest = prom.vector('min(timestamp(up{job=~"gpupool|vllm"}))')
+        return bool(latest) and float(latest[0]["value"][1]) >= seen + 2.0
+
+    # every series has samples on both sides of the load: awaited, where a fixed 2.5 s was two
+    # scrapes only on a machine whose Prometheus kept its pace
+    _wait("two more scrapes of every target", two_more_scrapes)
     return stack
 
 
