@@ -40,7 +40,9 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     w = sim(model=MODEL, tmp=tmp, max_num_seqs=16, mode="echo")
     slow = sim(model=SLOW, tmp=tmp, max_num_seqs=4, itl_ms=2000, output_tokens=20)
     cfg: dict[str, Any] = {
-        "server": {"max_body_bytes": MAX_BODY, "body_timeout_s": 1.0},
+        # 2 s, not 1: a body sent 0.2 s after its head (or after a 100 Continue) is late only
+        # if this process stalls 1.8 s, where at 1 s a 0.8-s stall made a false 408
+        "server": {"max_body_bytes": MAX_BODY, "body_timeout_s": 2.0},
         "models": [{"name": MODEL}, {"name": SLOW}],
         "workers": [{"name": "w", "model": MODEL, "url": w.url, "max_inflight": 8},
                     {"name": "ws", "model": SLOW, "url": slow.url, "max_inflight": 4}],
@@ -196,7 +198,7 @@ def test_body_that_stops_arriving_is_408(gw: str) -> None:
         reader, writer = await _open(gw)
         body = _body()
         writer.write(_head("/v1/completions", body) + body[:5])
-        status, _, data = await _response(reader)  # body_timeout_s is 1 s
+        status, _, data = await _response(reader)  # body_timeout_s is 2 s
         assert status == 408 and b"did not arrive in time" in data
         assert await _closed(reader)
 
