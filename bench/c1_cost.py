@@ -64,8 +64,9 @@ def _measure(t: Target, n: int, pids: list[int], profiled: bool) -> str:
             os.kill(t.pid, signal.SIGUSR2)
             time.sleep(2)
     ms = sorted(x * 1e3 for x in lat)
-    return (f"{t.name:16} p50 {statistics.median(ms):.3f} ms, mean {statistics.mean(ms):.3f} ms,"
-            f" gateway CPU {cpu:.1f} us a request")  # fmt: skip
+    modes = f"; routed {t.kv_routed()}" if t.precise else ""
+    return (f"{t.name:20} p50 {statistics.median(ms):.3f} ms, mean {statistics.mean(ms):.3f} ms,"
+            f" gateway CPU {cpu:.1f} us a request{modes}")  # fmt: skip
 
 
 def main() -> None:

@@ -22,7 +22,11 @@ from rig import GATEWAY_CPU, PY, ROOT, Proc, ensure_venv, free_port, pip_version
 MODELS = ("fast", "paced", "idle")
 PEERS = ("vllm-router", "sglang-router", "litellm")
 ALL = ("direct", "gpupool", "gpupool-precise", "gpupool-base", "gpupool-redis", "aiohttp-naive",
-       "python-floor", "python-floor-task", *PEERS)  # fmt: skip
+       "python-floor", "python-floor-task", *PEERS, *("gpupool-x2", "gpupool-precise-x2",
+       "vllm-router-x2", "vllm-router-cache-x2"))  # fmt: skip
+# the -x2 targets: two workers a model (both the same upstream), so a router has a choice to
+# make for every request: precise routing then scores two indexes, vllm-router's cache_aware
+# policy matches its prefix tree, as in front of a real pool
 # gpupool-precise's tokenizer: the tiny model's (`make models`)
 KV_TOKENIZER = ROOT / ".models" / "qwen3-dense"
 
@@ -86,14 +90,15 @@ class Target:
 
 def _gpupool(
     name: str, upstream: int, tmp: Path, redis_url: str | None, source: Path | None = None,
-    precise: bool = False,
+    precise: bool = False, pair: bool = False,
 ) -> Target:  # fmt: skip
     """gpupool from this checkout, or (``source``) from another tree of it (``--baseline``).
 
     ``precise``: KV-event routing on (``routing.kv_events``): each worker names an events
     socket (nobody publishes on it: the upstream caches nothing) and the tiny model's tokenizer,
     and the upstream shows vLLM's ``cache_config_info``, so every chat request is rendered,
-    tokenized, hashed and looked up in the (empty) index, as on a real pool."""
+    tokenized, hashed and looked up in the (empty) index, as on a real pool. ``pair``: two
+    workers a model in front of the same upstream."""
     port = free_port()
     queue: dict[str, object] = {"backend": "memory", "max_queued": 100_000}
     if redis_url:
@@ -108,12 +113,13 @@ def _gpupool(
         "models": [{"name": m} for m in MODELS],
         "workers": [
             {
-                "name": f"up-{m}",
+                "name": f"up-{m}{suffix}",
                 "model": m,
                 "url": f"http://127.0.0.1:{upstream}",
                 "max_inflight": 100_000,
             }
             for m in MODELS
+            for suffix in (("-a", "-b") if pair else ("",))
         ],
         "queue": queue,
     }
@@ -165,31 +171,38 @@ def _floor(name: str, upstream: int, tmp: Path) -> Target:
     return Target(name, port, metadata.version("httptools"), proc=proc, note=note)
 
 
-def _rust_router(name: str, upstream: int, tmp: Path, logs: Path) -> Target:
-    exe = ensure_venv(name, name, name, logs / f"install-{name}.log")
+def _rust_router(
+    name: str, upstream: int, tmp: Path, logs: Path, policy: str = "round_robin",
+    pair: bool = False,
+) -> Target:  # fmt: skip
+    """vllm-router or sglang-router (``name`` may end in a variant: ``-x2``, ``-cache-x2``);
+    ``pair``: the upstream twice, under two names (a router drops a repeated URL)."""
+    package = "sglang-router" if name.startswith("sglang-router") else "vllm-router"
+    exe = ensure_venv(package, package, package, logs / f"install-{package}.log")
     port = free_port()
-    argv = [str(exe)] + (["launch"] if name == "sglang-router" else [])
+    urls = [f"http://127.0.0.1:{upstream}"] + ([f"http://localhost:{upstream}"] if pair else [])
+    argv = [str(exe)] + (["launch"] if package == "sglang-router" else [])
     argv += [
         "--host",
         "127.0.0.1",
         "--port",
         str(port),
         "--worker-urls",
-        f"http://127.0.0.1:{upstream}",
+        *urls,
         "--policy",
-        "round_robin",
+        policy,
         "--prometheus-port",
         str(free_port()),
         "--log-level",
-        "warn" if name == "sglang-router" else "warning",
+        "warn" if package == "sglang-router" else "warning",
     ]
     proc = Proc(name, argv, GATEWAY_CPU, tmp / f"{name}.log")
     return Target(
         name,
         port,
-        pip_version(exe, name),
+        pip_version(exe, package),
         proc=proc,
-        note="Rust; round_robin; 1 core (its runtime sees one CPU)",
+        note=f"Rust; {policy}; {len(urls)} worker(s); 1 core (its runtime sees one CPU)",
     )
 
 
@@ -279,6 +292,13 @@ def build(
         "vllm-router": lambda: _rust_router("vllm-router", upstream, tmp, logs),
         "sglang-router": lambda: _rust_router("sglang-router", upstream, tmp, logs),
         "litellm": lambda: _litellm(upstream, tmp, logs),
+        "gpupool-x2": lambda: _gpupool("gpupool-x2", upstream, tmp, None, pair=True),
+        "gpupool-precise-x2": lambda: _gpupool("gpupool-precise-x2", upstream, tmp, None,
+                                               None, True, pair=True),
+        "vllm-router-x2": lambda: _rust_router("vllm-router-x2", upstream, tmp, logs,
+                                               pair=True),
+        "vllm-router-cache-x2": lambda: _rust_router("vllm-router-cache-x2", upstream, tmp,
+                                                     logs, "cache_aware", pair=True),
     }  # fmt: skip
     unknown = [n for n in names if n not in makers]
     if unknown:
