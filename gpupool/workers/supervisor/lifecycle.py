@@ -15,7 +15,6 @@ import asyncio
 import logging
 import random
 import signal
-import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ from gpupool.workers.supervisor.command import (
     kv_socket_dir,
 )
 from gpupool.workers.supervisor.policy import CrashWindow, backoff_delay
+from gpupool.workers.supervisor.ports import free_port
 from gpupool.workers.supervisor.process import Launcher, LaunchSpec, WorkerProcess
 from gpupool.workers.supervisor.warmup import health_ok, send_warmup
 
@@ -82,13 +82,6 @@ def describe_exit(code: int) -> str:
         return f"was killed by {signal.Signals(-code).name}"
     except ValueError:
         return f"was killed by signal {-code}"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((WORKER_HOST, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _make_cache_dirs(env: dict[str, str]) -> None:
@@ -215,7 +208,7 @@ class WorkerRun:
         return await self._watch()
 
     async def _launch(self) -> WorkerProcess:
-        port = self.launch.port or free_port()
+        port = self.launch.port or free_port(WORKER_HOST)
         settings = self.seams.settings
         argv = build_command(self.cfg, port, self.model)
         env = build_env(self.cfg, self.cache_key, settings.state_dir, model=self.model)
