@@ -190,7 +190,15 @@ class ModelConfig(_Strict):
 
 class LaunchConfig(_Strict):
     gpus: list[int] | None = Field(None, description="CUDA_VISIBLE_DEVICES; omit on CPU hosts.")
-    port: int | None = Field(None, ge=1, le=65535, description="Port; a free one if omitted.")
+    port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description=(
+            "Port; if omitted, a free one in 10000-19999 (outside the kernel's range for outgoing "
+            "connections, which could take it before the worker binds)."
+        ),
+    )
     model_path: str = Field(..., min_length=1, description="Model directory or hub id.")
     command: list[str] = Field(
         default_factory=lambda: ["vllm", "serve", "{model_path}"],
