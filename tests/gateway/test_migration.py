@@ -26,6 +26,7 @@ from tests.gateway.ui.pool import first_snapshot
 from tests.support.fault_tools import MODEL, async_client, gateway_config, wait_until
 from tests.support.hostile_tools import assert_nothing_held
 from tests.support.procs import Proc, gateway, redis_server, running, sim
+from tests.support.template_tools import metric
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -100,15 +101,6 @@ def _exited(p: Proc) -> bool:
     return p.proc is not None and p.proc.poll() is not None
 
 
-def _metric(gw: Proc, name: str, **labels: str) -> float:
-    text = httpx.get(gw.url + "/metrics", timeout=5).text
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
 @pytest.fixture(params=["memory", "redis"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     if request.param == "memory":
@@ -137,9 +129,9 @@ def test_streams_and_whole_answers_continue_when_their_worker_dies(
         reads = asyncio.run(_all(gw.url, reqs))
         wait_until("victim gone", lambda: _exited(victim), 10)
         assert_nothing_held(gw.url)
-        moved = _metric(gw, "gpupool_migrations_total", cause="worker_died")
-        continued = _metric(gw, "gpupool_migrations_total", outcome="continued")
-        restarted = _metric(gw, "gpupool_migrations_total", outcome="restarted")
+        moved = metric(gw, "gpupool_migrations_total", cause="worker_died")
+        continued = metric(gw, "gpupool_migrations_total", outcome="continued")
+        restarted = metric(gw, "gpupool_migrations_total", outcome="restarted")
         log = Path(gw.log_path).read_text()
         page = first_snapshot(gw.url)
     events = [e["message"] for e in page["errors"] if e["source"] == "gpupool.migrate"]
@@ -191,8 +183,8 @@ def test_a_request_never_goes_back_to_a_worker_it_left(tmp_path: Path) -> None:
     with running(a, b), running(gw, ready_path="/ready"):
         (read,) = asyncio.run(_all(gw.url, [("/v1/chat/completions", _chat(1))]))
         assert_nothing_held(gw.url)
-        continued = _metric(gw, "gpupool_migrations_total", outcome="continued")
-        failed = _metric(gw, "gpupool_migrations_total", outcome="failed")
+        continued = metric(gw, "gpupool_migrations_total", outcome="continued")
+        failed = metric(gw, "gpupool_migrations_total", outcome="failed")
     assert read.status == 200 and read.events[-1] == b"data: [DONE]"
     assert "error" in read.objects()[-1], read.raw[-300:]
     assert (continued, failed) == (1, 1)
@@ -224,7 +216,7 @@ def test_a_stream_its_worker_keeps_silent_moves_at_the_read_deadline(tmp_path: P
         finally:
             slow.kill(signal.SIGCONT)
         assert_nothing_held(gw.url)
-        moved = _metric(gw, "gpupool_migrations_total", cause="timeout", outcome="continued")
+        moved = metric(gw, "gpupool_migrations_total", cause="timeout", outcome="continued")
         log = Path(gw.log_path).read_text()
     assert [r.text() for r in reads] == [r.text() for r in reference]
     assert all(not any("error" in o for o in r.objects()) for r in reads)
@@ -259,7 +251,7 @@ def test_a_url_workers_drain_moves_what_outlives_its_deadline(tmp_path: Path) ->
 
         reads = asyncio.run(scenario())
         assert_nothing_held(gw.url)
-        moved = _metric(gw, "gpupool_migrations_total", cause="drain", outcome="continued")
+        moved = metric(gw, "gpupool_migrations_total", cause="drain", outcome="continued")
     assert [r.text() for r in reads] == [r.text() for r in reference]
     assert [r.usage() for r in reads] == [r.usage() for r in reference]
     assert moved == 2
@@ -293,8 +285,8 @@ def test_a_used_up_migration_that_a_retry_saves_is_not_counted_failed(tmp_path: 
 
         read = asyncio.run(scenario())
         assert_nothing_held(gw.url)
-        restarted = _metric(gw, "gpupool_migrations_total", outcome="restarted")
-        failed = _metric(gw, "gpupool_migrations_total", outcome="failed")
+        restarted = metric(gw, "gpupool_migrations_total", outcome="restarted")
+        failed = metric(gw, "gpupool_migrations_total", outcome="failed")
     assert read.status == 200, read.raw[:300]
     assert read.worker == "c"
     assert read.text() == reference.text()
